@@ -1,0 +1,30 @@
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+STAMP := .install.stamp
+
+.PHONY: install demo test lint docs bench clean
+
+# torch: take the CPU build on disk (2.13) when no torch is importable, so that
+# the range in pyproject never pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[dev,plot]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	@bash examples/demo.sh
+
+test: install
+	$(PYTHON) -m pytest
+
+lint: install
+	$(PYTHON) -m ruff check exl3tool tests benchmarks
+	$(PYTHON) -m ruff format --check exl3tool tests benchmarks
+
+docs: install
+	$(PYTHON) -m exl3tool.docs_gen
+
+clean:
+	rm -rf $(STAMP) build dist *.egg-info demo-out

@@ -1,0 +1,3 @@
+from exl3tool.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""Rule families and the checks that produce findings; nothing here prints."""

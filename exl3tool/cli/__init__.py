@@ -1,0 +1,1 @@
+"""Typer commands: parse arguments, call one library function, render, exit."""

@@ -1,0 +1,172 @@
+"""Rules as data, and the findings they produce.
+
+Every check in exl3tool reports a `Finding` of a registered `Rule`. Rules are declared at import
+time of the module that checks them (``rule(...)``); `all_rules()` imports every such module so
+that `exl3tool rules` and docs/rules.md list the whole catalogue.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+# Modules that declare rules; `all_rules()` imports them. Add yours here.
+RULE_MODULES: tuple[str, ...] = (
+    "exl3tool.io.rules",
+    "exl3tool.checks.checkpoint_rules",
+    "exl3tool.checks.exl3_rules",
+    "exl3tool.checks.r7_rules",
+    "exl3tool.checks.cartridge_rules",
+    "exl3tool.checks.base_rules",
+    "exl3tool.checks.decode_rules",
+    "exl3tool.checks.identity_rules",
+    "exl3tool.checks.tp_rules",
+    "exl3tool.checks.check_rules",
+)
+
+
+class Severity(str, enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {"error": 2, "warning": 1, "info": 0}[self.value]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A stable, documented check: `code` never changes once published."""
+
+    code: str
+    name: str
+    severity: Severity
+    title: str
+    why: str
+    hint: str
+
+    @property
+    def family(self) -> str:
+        return self.code.rstrip("0123456789")
+
+
+_REGISTRY: dict[str, Rule] = {}
+
+
+def rule(code: str, name: str, severity: Severity | str, title: str, why: str, hint: str) -> Rule:
+    """Declare (register) a rule; declaring the same code twice with other content is a bug."""
+    r = Rule(code, name, Severity(severity), title, why, hint)
+    old = _REGISTRY.get(code)
+    if old is not None and old != r:
+        raise RuntimeError(f"rule code {code} declared twice with different content")
+    _REGISTRY[code] = r
+    return r
+
+
+def get_rule(code: str) -> Rule:
+    return _REGISTRY[code]
+
+
+def all_rules() -> list[Rule]:
+    """Every rule of the catalogue, sorted by code."""
+    for mod in RULE_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:  # a family not built yet in this checkout
+            if exc.name != mod:
+                raise
+    return sorted(_REGISTRY.values(), key=lambda r: r.code)
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a finding points: a file, a tensor inside it, and/or a JSON pointer."""
+
+    file: str | None = None
+    tensor: str | None = None
+    pointer: str | None = None
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"file": self.file, "tensor": self.tensor, "pointer": self.pointer}
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: Rule
+    message: str
+    location: Location = field(default_factory=Location)
+    severity: Severity | None = None  # overrides the rule's default when set
+
+    @property
+    def code(self) -> str:
+        return self.rule.code
+
+    @property
+    def level(self) -> Severity:
+        return self.severity or self.rule.severity
+
+    @property
+    def hint(self) -> str:
+        return self.rule.hint
+
+    def to_json(self) -> dict:
+        return {
+            "code": self.code,
+            "severity": self.level.value,
+            "message": self.message,
+            "location": self.location.to_json(),
+            "hint": self.hint,
+        }
+
+
+class Findings:
+    """An append-only list of findings with a convenient `add`."""
+
+    def __init__(self, items: Iterable[Finding] = ()) -> None:
+        self._items: list[Finding] = list(items)
+
+    def add(
+        self,
+        r: Rule,
+        message: str,
+        *,
+        file: str | None = None,
+        tensor: str | None = None,
+        pointer: str | None = None,
+        severity: Severity | str | None = None,
+    ) -> Finding:
+        f = Finding(
+            r,
+            message,
+            Location(file, tensor, pointer),
+            Severity(severity) if severity else None,
+        )
+        self._items.append(f)
+        return f
+
+    def extend(self, items: Iterable[Finding]) -> None:
+        self._items.extend(items)
+
+    def __iter__(self) -> Iterator[Finding]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def codes(self) -> set[str]:
+        return {f.code for f in self._items}
+
+    def errors(self) -> list[Finding]:
+        return [f for f in self._items if f.level is Severity.ERROR]
+
+    def has_errors(self) -> bool:
+        return any(f.level is Severity.ERROR for f in self._items)
+
+    def count(self, severity: Severity) -> int:
+        return sum(1 for f in self._items if f.level is severity)

@@ -1,0 +1,68 @@
+"""Which kind of artifact a path is (issue: foundation, 'detect the artifact kind')."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Any
+
+from exl3tool.io.strict_json import loads
+
+
+class Kind(str, enum.Enum):
+    EXL3 = "exl3"
+    R7 = "r7"
+    RANK_SLICED = "rank-sliced"
+    MSRT_BASE = "msrt-base"
+    CARTRIDGE = "cartridge"
+    SAFETENSORS = "safetensors"
+    UNKNOWN = "unknown"
+
+
+MSRT_BASE_PROFILE = "exl3-msrt-base/1"
+
+
+def _quiet_json(path: Path) -> Any:
+    try:
+        with open(path, "rb") as fh:
+            value, _ = loads(fh.read(64 * 1024 * 1024))
+        return value
+    except OSError:
+        return None
+
+
+def kind_from_configs(config: Any, quant_config: Any) -> Kind:
+    config = config if isinstance(config, dict) else {}
+    tail = config.get("hybrid_tr3_tail")
+    if isinstance(tail, dict) and tail.get("runtime_profile") == MSRT_BASE_PROFILE:
+        return Kind.MSRT_BASE
+    for q in (quant_config, config.get("quantization_config")):
+        if isinstance(q, dict) and "r7_routed_experts" in q:
+            return Kind.R7
+    if isinstance(tail, dict) and tail.get("format") == "exl3-trellis" and "tensor_schema" in tail:
+        return Kind.RANK_SLICED
+    for q in (quant_config, config.get("quantization_config")):
+        if isinstance(q, dict) and ("tensor_storage" in q or q.get("quant_method") == "exl3"):
+            return Kind.EXL3
+    return Kind.UNKNOWN
+
+
+def detect(path: Path) -> Kind:
+    """Detect from the files present; never raises for a readable path."""
+    path = Path(path)
+    if path.is_file():
+        if path.name == "adapter_config.json":
+            return Kind.CARTRIDGE
+        if path.suffix == ".safetensors":
+            if (path.parent / "adapter_config.json").is_file():
+                return Kind.CARTRIDGE
+            return Kind.SAFETENSORS
+        if path.name in ("config.json", "quantization_config.json"):
+            return detect(path.parent)
+        return Kind.UNKNOWN
+    if (path / "adapter_config.json").is_file():
+        return Kind.CARTRIDGE
+    config = _quiet_json(path / "config.json") if (path / "config.json").is_file() else None
+    qc_path = path / "quantization_config.json"
+    quant = _quiet_json(qc_path) if qc_path.is_file() else None
+    return kind_from_configs(config, quant)

@@ -1,0 +1,72 @@
+"""Read a JSON document from disk strictly, turning every problem into a finding."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from exl3tool.findings import Findings
+from exl3tool.io import rules
+from exl3tool.io.strict_json import JsonIssue, loads
+
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+
+_ISSUE_RULES = {
+    "syntax": rules.JS_SYNTAX,
+    "duplicate": rules.JS_DUPLICATE,
+    "nonfinite": rules.JS_NONFINITE,
+    "huge_int": rules.JS_HUGE_INT,
+    "depth": rules.JS_DEPTH,
+    "encoding": rules.JS_ENCODING,
+}
+
+
+def report_issues(issues: list[JsonIssue], findings: Findings, label: str) -> None:
+    for issue in issues:
+        findings.add(_ISSUE_RULES[issue.kind], issue.message, file=label, pointer=issue.pointer)
+
+
+def read_json_bytes(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """Read a whole file, refusing more than max_bytes (raises OSError / ValueError)."""
+    with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if st.st_size > max_bytes:
+            raise ValueError(f"{st.st_size} bytes, limit {max_bytes}")
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"more than {max_bytes} bytes")
+    return data
+
+
+def read_json(
+    path: Path,
+    findings: Findings,
+    label: str,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    require_object: bool = True,
+) -> Any:
+    """Parse `path`; report problems as findings on `label`. Returns None if unusable.
+
+    Duplicate keys and non-finite numbers are reported but the (last-wins) value is still
+    returned, so later checks can run.
+    """
+    try:
+        data = read_json_bytes(path, max_bytes)
+    except ValueError as exc:
+        findings.add(rules.JS_TOO_LARGE, f"JSON file too large: {exc}", file=label)
+        return None
+    value, issues = loads(data)
+    report_issues(issues, findings, label)
+    if value is None:
+        return None
+    if require_object and not isinstance(value, dict):
+        findings.add(
+            rules.JS_NOT_OBJECT,
+            f"expected an object, got {type(value).__name__}",
+            file=label,
+            pointer="",
+        )
+        return None
+    return value

@@ -1,0 +1,288 @@
+"""Strict safetensors header parser (r7-checkpoint-format.md §10.2, rules S1-S12).
+
+Reads the 8-byte length and the header only; tensor bytes are never touched. Every defect is a
+finding; entries that are themselves valid are still returned so later checks can run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exl3tool.findings import Findings
+from exl3tool.io import rules
+from exl3tool.io.dtypes import BITS
+from exl3tool.io.strict_json import raw_decode, walk_issues
+
+MAX_HEADER = 100_000_000
+MAX_INT48 = 2**48 - 1
+_ENTRY_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
+_UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f\\/]|(^|\.)\.\.(\.|$)|^\.\.$")
+_JSON_WS = " \t\n\r"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One header entry; offsets are relative to the data section."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """Identity of a file's content for change detection: (dev, ino, size, mtime_ns, ctime_ns)."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStamp:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass
+class SafetensorsFile:
+    """A parsed header. `label` is the path shown in findings (relative to the artifact)."""
+
+    path: Path
+    label: str
+    file_size: int
+    header_len: int
+    stamp: FileStamp
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    metadata: dict[str, str] | None = None
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.header_len
+
+    def span(self, name: str) -> tuple[int, int]:
+        """Absolute [start, end) file offsets of a tensor's payload."""
+        t = self.tensors[name]
+        return self.data_start + t.begin, self.data_start + t.end
+
+
+def escape_name(name: str) -> str:
+    """Printable form of a tensor name (control characters escaped, markup-safe)."""
+    return name.encode("unicode_escape").decode("ascii")
+
+
+def is_unsafe_name(name: str) -> bool:
+    return bool(_UNSAFE_NAME.search(name))
+
+
+def read_header(path: Path, findings: Findings, label: str | None = None) -> SafetensorsFile | None:
+    """Parse the header of `path`. Returns None when no entry can be trusted at all.
+
+    Raises OSError when the file cannot be opened or read (the caller decides: exit 3 or finding).
+    """
+    label = label or str(path)
+    with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        size = st.st_size
+        head = fh.read(8)
+        if len(head) < 8:
+            findings.add(rules.ST_SHORT, f"file has {len(head)} bytes", file=label)
+            return None
+        (n,) = struct.unpack("<Q", head)
+        if n == 0 or n > MAX_HEADER or 8 + n > size:
+            findings.add(
+                rules.ST_HEADER_LEN,
+                f"header length {n} (file {size} bytes, limit {MAX_HEADER})",
+                file=label,
+            )
+            return None
+        raw = fh.read(n)
+        if len(raw) != n:
+            findings.add(rules.ST_CHANGED, "file shrank while reading the header", file=label)
+            return None
+    out = SafetensorsFile(path, label, size, n, FileStamp.of(st))
+    if not _parse_header(raw, out, findings):
+        return None
+    _check_layout(out, findings)
+    return out
+
+
+def _parse_header(raw: bytes, out: SafetensorsFile, findings: Findings) -> bool:
+    label = out.label
+    if raw.startswith(b"\xef\xbb\xbf"):
+        findings.add(rules.ST_ENCODING, "header starts with a UTF-8 BOM", file=label)
+        return False
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        findings.add(rules.ST_ENCODING, f"invalid UTF-8 at header byte {exc.start}", file=label)
+        return False
+    start = len(text) - len(text.lstrip(_JSON_WS))
+    if start:
+        findings.add(rules.ST_LEADING_WS, f"{start} whitespace bytes before '{{'", file=label)
+    try:
+        header, end = raw_decode(text, start)
+    except RecursionError:
+        findings.add(rules.ST_DEPTH, "header nests too deeply to parse", file=label)
+        return False
+    except ValueError as exc:
+        findings.add(rules.ST_JSON, str(exc), file=label)
+        return False
+    tail = text[end:]
+    if tail.strip(" "):
+        bad = next(c for c in tail if c != " ")
+        findings.add(
+            rules.ST_PADDING,
+            f"byte {bad!r} after the JSON object (only spaces may pad the header)",
+            file=label,
+        )
+    if not isinstance(header, dict):
+        findings.add(rules.ST_NOT_OBJECT, f"header is a JSON {type(header).__name__}", file=label)
+        return False
+    for issue in walk_issues(header):
+        r = {
+            "duplicate": rules.ST_DUPLICATE,
+            "nonfinite": rules.ST_NONFINITE,
+            "huge_int": rules.ST_OFFSETS,
+            "depth": rules.ST_DEPTH,
+        }[issue.kind]
+        tensor = (
+            issue.pointer[1:].replace("~1", "/").replace("~0", "~")
+            if issue.kind == "duplicate"
+            else None
+        )
+        findings.add(
+            r,
+            issue.message,
+            file=label,
+            tensor=tensor and escape_name(tensor),
+            pointer=issue.pointer,
+        )
+    if "__metadata__" in header:
+        meta = header.pop("__metadata__")
+        if isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values()):
+            out.metadata = dict(meta)
+        else:
+            findings.add(
+                rules.ST_METADATA,
+                "__metadata__ must map strings to strings",
+                file=label,
+                pointer="/__metadata__",
+            )
+    for name, entry in header.items():
+        info = _entry(name, entry, label, findings)
+        if info is not None:
+            out.tensors[name] = info
+    if not header:
+        findings.add(rules.ST_EMPTY, "header lists no tensors", file=label)
+    return True
+
+
+def _entry(name: str, entry: object, label: str, findings: Findings) -> TensorInfo | None:
+    shown = escape_name(name)
+    ptr = "/" + name.replace("~", "~0").replace("/", "~1")
+    if is_unsafe_name(name):
+        findings.add(rules.ST_NAME, f"tensor name {shown!r} is unsafe", file=label, tensor=shown)
+    if not isinstance(entry, dict) or not entry.keys() >= _ENTRY_FIELDS:
+        findings.add(
+            rules.ST_ENTRY,
+            "entry must be an object with dtype, shape, data_offsets",
+            file=label,
+            tensor=shown,
+            pointer=ptr,
+        )
+        return None
+    extra = sorted(set(entry) - _ENTRY_FIELDS)
+    if extra:
+        findings.add(
+            rules.ST_EXTRA_FIELD, f"unknown fields {extra}", file=label, tensor=shown, pointer=ptr
+        )
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    ok = True
+    if not isinstance(dtype, str) or dtype not in BITS:
+        findings.add(
+            rules.ST_DTYPE,
+            f"unknown dtype {dtype!r}",
+            file=label,
+            tensor=shown,
+            pointer=ptr + "/dtype",
+        )
+        ok = False
+    if not (isinstance(shape, list) and all(type(d) is int and 0 <= d <= MAX_INT48 for d in shape)):
+        findings.add(
+            rules.ST_SHAPE, f"shape {shape!r}", file=label, tensor=shown, pointer=ptr + "/shape"
+        )
+        ok = False
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int and 0 <= o <= MAX_INT48 for o in offsets)
+        and offsets[0] <= offsets[1]
+    ):
+        findings.add(
+            rules.ST_OFFSETS,
+            f"data_offsets {offsets!r}",
+            file=label,
+            tensor=shown,
+            pointer=ptr + "/data_offsets",
+        )
+        ok = False
+    if not ok:
+        return None
+    numel = math.prod(shape)
+    bits = numel * BITS[dtype]
+    length = offsets[1] - offsets[0]
+    if bits % 8 or bits // 8 != length:
+        findings.add(
+            rules.ST_SIZE,
+            f"{dtype}{shape} needs {bits / 8:g} bytes, data_offsets span {length}",
+            file=label,
+            tensor=shown,
+            pointer=ptr + "/data_offsets",
+        )
+        return None
+    return TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])
+
+
+def _check_layout(out: SafetensorsFile, findings: Findings) -> None:
+    label = out.label
+    if out.data_start % 8:
+        findings.add(rules.ST_ALIGN, f"data starts at byte {out.data_start}", file=label)
+    pos = 0
+    owner: TensorInfo | None = None
+    for t in sorted(out.tensors.values(), key=lambda t: (t.begin, t.end)):
+        if t.begin > pos:
+            findings.add(
+                rules.ST_GAP,
+                f"{t.begin - pos} unused bytes before this tensor",
+                file=label,
+                tensor=escape_name(t.name),
+            )
+        elif t.begin < pos and owner is not None:
+            findings.add(
+                rules.ST_OVERLAP,
+                f"[{t.begin}, {t.end}) overlaps {escape_name(owner.name)}",
+                file=label,
+                tensor=escape_name(t.name),
+            )
+        if t.end >= pos:
+            pos, owner = t.end, t
+    data_len = out.file_size - out.data_start
+    if pos != data_len:
+        what = "trailing bytes after" if pos < data_len else "payloads run past end of file by"
+        findings.add(rules.ST_COVERAGE, f"{what} {abs(data_len - pos)} bytes", file=label)

@@ -1,0 +1,131 @@
+"""A strict JSON reader: duplicate keys, NaN/Infinity, huge integers and deep nesting are issues.
+
+`json.loads` silently keeps the last duplicate key and accepts NaN; the formats we read are
+security-relevant, so every such case is reported with the JSON pointer where it occurs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+MAX_INT = 2**63 - 1
+MAX_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class JsonIssue:
+    kind: str  # "syntax" | "duplicate" | "nonfinite" | "huge_int" | "depth" | "encoding"
+    pointer: str
+    message: str
+
+
+class _Object(dict):
+    """A dict that remembers which keys were duplicated while it was parsed."""
+
+    __slots__ = ("duplicates",)
+
+
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    obj = _Object(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        obj.duplicates = sorted({k for k, _ in pairs if k in seen or seen.add(k)})  # type: ignore[func-returns-value]
+    else:
+        obj.duplicates = ()
+    return obj
+
+
+def _constant(name: str) -> float:
+    return float("nan") if name == "NaN" else float(name.replace("Infinity", "inf"))
+
+
+DECODER = json.JSONDecoder(object_pairs_hook=_object_pairs, parse_constant=_constant)
+
+
+def pointer_join(base: str, token: str | int) -> str:
+    """RFC 6901 pointer of `token` under `base`."""
+    t = str(token).replace("~", "~0").replace("/", "~1")
+    return f"{base}/{t}"
+
+
+def _walk(value: Any, pointer: str, depth: int, issues: list[JsonIssue]) -> None:
+    if depth > MAX_DEPTH:
+        issues.append(JsonIssue("depth", pointer, f"nesting deeper than {MAX_DEPTH}"))
+        return
+    if isinstance(value, dict):
+        for key in getattr(value, "duplicates", ()):
+            issues.append(
+                JsonIssue("duplicate", pointer_join(pointer, key), f"duplicate key {key!r}")
+            )
+        for k, v in value.items():
+            if isinstance(v, dict | list | float) or (type(v) is int and abs(v) > MAX_INT):
+                _walk(v, pointer_join(pointer, k), depth + 1, issues)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if isinstance(v, dict | list | float) or (type(v) is int and abs(v) > MAX_INT):
+                _walk(v, pointer_join(pointer, i), depth + 1, issues)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            issues.append(JsonIssue("nonfinite", pointer, f"non-finite number {value!r}"))
+    elif type(value) is int and abs(value) > MAX_INT:
+        issues.append(JsonIssue("huge_int", pointer, "integer beyond 64 bits"))
+
+
+def _plain(value: Any) -> Any:
+    """Replace the parser's dict subclass by plain dicts (cheap, and equality stays exact)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def loads(text: str | bytes) -> tuple[Any, list[JsonIssue]]:
+    """Parse `text`; return (value, issues). value is None when the text is not JSON at all."""
+    if isinstance(text, bytes | bytearray | memoryview):
+        raw = bytes(text)
+        if raw.startswith(b"\xef\xbb\xbf"):
+            return None, [JsonIssue("encoding", "", "UTF-8 byte order mark")]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return None, [JsonIssue("encoding", "", f"invalid UTF-8 at byte {exc.start}")]
+    try:
+        value = DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        return None, [JsonIssue("syntax", "", f"{exc.msg} at line {exc.lineno} column {exc.colno}")]
+    except RecursionError:
+        return None, [JsonIssue("depth", "", "nesting too deep to parse")]
+    except ValueError as exc:  # e.g. int with too many digits
+        return None, [JsonIssue("huge_int", "", str(exc).split(";")[0])]
+    issues: list[JsonIssue] = []
+    _walk(value, "", 0, issues)
+    return value, issues
+
+
+def raw_decode(text: str, start: int) -> tuple[Any, int]:
+    """Decode one JSON value at `start` with the strict hooks; returns (value, end index)."""
+    return DECODER.raw_decode(text, start)
+
+
+def walk_issues(value: Any) -> list[JsonIssue]:
+    issues: list[JsonIssue] = []
+    _walk(value, "", 0, issues)
+    return issues
+
+
+def plain(value: Any) -> Any:
+    return _plain(value)
+
+
+def is_json_int(value: Any) -> bool:
+    """A true JSON integer: an int that is not a bool."""
+    return type(value) is int
+
+
+def canonical_json(value: Any) -> bytes:
+    """Canonical JSON bytes: sorted keys, compact separators, ASCII (msrt-cartridge-format.md §6.2)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()

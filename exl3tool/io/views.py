@@ -1,0 +1,80 @@
+"""Zero-copy access to tensor payloads through mmap (never `safe_open().get_tensor()`)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+from exl3tool.io.dtypes import NUMPY
+from exl3tool.io.safetensors import SafetensorsFile, TensorInfo
+
+
+class MappedFile:
+    """A read-only mmap of a whole file; payload slices are memoryviews into it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with open(path, "rb") as fh:
+            self.size = os.fstat(fh.fileno()).st_size
+            self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
+
+    def buffer(self, start: int, end: int) -> memoryview:
+        if self._mm is None or end > self.size:
+            if start == end:
+                return memoryview(b"")
+            raise ValueError(f"{self.path}: range [{start}, {end}) beyond {self.size} bytes")
+        return memoryview(self._mm)[start:end]
+
+    def advise_sequential(self) -> None:
+        if self._mm is not None and hasattr(self._mm, "madvise"):
+            self._mm.madvise(mmap.MADV_SEQUENTIAL)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a view is still alive; the GC closes it later
+                pass
+            self._mm = None
+
+    def __enter__(self) -> MappedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TensorReader:
+    """Maps each shard once and serves payload bytes and numpy views by tensor."""
+
+    def __init__(self) -> None:
+        self._maps: dict[Path, MappedFile] = {}
+
+    def _map(self, st: SafetensorsFile) -> MappedFile:
+        m = self._maps.get(st.path)
+        if m is None:
+            m = self._maps[st.path] = MappedFile(st.path)
+        return m
+
+    def payload(self, st: SafetensorsFile, info: TensorInfo) -> memoryview:
+        return self._map(st).buffer(st.data_start + info.begin, st.data_start + info.end)
+
+    def array(self, st: SafetensorsFile, info: TensorInfo) -> np.ndarray:
+        """A read-only numpy view of the tensor (BF16/FP8 as raw unsigned ints)."""
+        dt = NUMPY[info.dtype]
+        buf = self.payload(st, info)
+        return np.frombuffer(buf, dtype=dt, count=info.numel).reshape(info.shape)
+
+    def close(self) -> None:
+        for m in self._maps.values():
+            m.close()
+        self._maps.clear()
+
+    def __enter__(self) -> TensorReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
