@@ -2,7 +2,7 @@
 
 from exl3tool.findings import Severity, rule
 
-E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
 CK_CONFIG = rule(
     "CK001",

@@ -2,7 +2,7 @@
 
 from exl3tool.findings import Severity, rule
 
-E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
 ST_SHORT = rule(
     "ST001",
@@ -159,7 +159,7 @@ ST_LEADING_WS = rule(
 ST_ALIGN = rule(
     "ST020",
     "header-alignment",
-    I,
+    INFO,
     "Data section is not 8-byte aligned",
     "Writers pad the header to a multiple of 8 so tensors can be mapped aligned.",
     "Pad the header with spaces to a multiple of 8 bytes.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from pathlib import Path
@@ -34,10 +35,8 @@ class MappedFile:
 
     def close(self) -> None:
         if self._mm is not None:
-            try:
+            with contextlib.suppress(BufferError):  # a live view; the GC closes it later
                 self._mm.close()
-            except BufferError:  # a view is still alive; the GC closes it later
-                pass
             self._mm = None
 
     def __enter__(self) -> MappedFile:

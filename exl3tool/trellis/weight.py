@@ -1,0 +1,81 @@
+"""Effective (original-basis) weight W = diag(suh)·B_H·Ŵ·B_H·diag(svh) (exl3-format.md §5.2-§5.5)."""
+
+from __future__ import annotations
+
+import torch
+
+from exl3tool.trellis.bitstream import TILE, _check_trellis
+from exl3tool.trellis.decode import _as_range, check_rate_codebook, decode_rotated
+from exl3tool.trellis.errors import TrellisError
+from exl3tool.trellis.hadamard import HAD, _pick, fused_transform, had_left, had_right
+
+# fp16 output rows decoded and transformed per block: bounds the transient to ~1x a block
+_BLOCK_ELEMS = 1 << 22
+
+
+def _check_scale(x: torch.Tensor, size: int, what: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float16 or x.shape != (size,):
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        dtype = getattr(x, "dtype", None)
+        raise TrellisError(f"{what} must be fp16 [{size}], got {dtype} {shape}")
+
+
+def _range128(r, size: int, what: str) -> tuple[int, int]:
+    start, stop = _as_range(r, size, what)
+    if start % HAD or stop % HAD:
+        raise TrellisError(
+            f"{what} range [{start}, {stop}) must lie on 128-channel boundaries: a slice must not "
+            "cut a Hadamard block (exl3-format.md §6)"
+        )
+    return start, stop
+
+
+def effective_weight(
+    trellis: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    codebook: str,
+    *,
+    rows=None,
+    cols=None,
+    device: torch.device | str | None = None,
+    method: str = "auto",
+) -> torch.Tensor:
+    """W_eff fp16 [k, n] (in, out), bit-exact with exllamav3's `LinearEXL3.get_weight_tensor()`.
+
+    suh fp16 [k], svh fp16 [n]: the full vectors. rows / cols: element ranges on 128-channel
+    boundaries (TP slices). method: "auto" / "fma" / "matmul" for get_weight_tensor's fp32 order
+    (auto = fp32 matmul where a self-check shows it matches the sequential-FMA order, else the
+    emulation), or "fused" for `ext.reconstruct_had_slice`'s fp16 arithmetic.
+    """
+    rate = _check_trellis(trellis)
+    check_rate_codebook(rate, codebook)
+    if trellis.dim() != 3:
+        raise TrellisError(f"trellis must be 3-D [k/16, n/16, 16K], got shape {tuple(trellis.shape)}")
+    k, n = trellis.shape[0] * TILE, trellis.shape[1] * TILE
+    if k % HAD or n % HAD:
+        raise TrellisError(f"matrix [{k}, {n}] must have both dimensions multiples of 128")
+    _check_scale(suh, k, "suh")
+    _check_scale(svh, n, "svh")
+    r0, r1 = _range128(rows, k, "rows")
+    c0, c1 = _range128(cols, n, "cols")
+    dev = torch.device(device) if device is not None else trellis.device
+    suh_d = suh[r0:r1].to(dev)
+    svh_d = svh[c0:c1].to(dev)
+    fused = method == "fused"
+    if not fused:
+        method = _pick(method, dev)
+    out = torch.empty((r1 - r0, c1 - c0), dtype=torch.float16, device=dev)
+    step = max(HAD, (_BLOCK_ELEMS // (c1 - c0)) // HAD * HAD)
+    for b0 in range(r0, r1, step):
+        b1 = min(r1, b0 + step)
+        w = decode_rotated(trellis, codebook, rows=(b0, b1), cols=(c0, c1), device=dev)
+        s_u, o = suh_d[b0 - r0 : b1 - r0], out[b0 - r0 : b1 - r0]
+        if fused:
+            o.copy_(fused_transform(w, s_u, svh_d))
+            continue
+        w = had_left(w, method)
+        w.mul_(s_u.view(-1, 1))
+        w = had_right(w, method)
+        torch.mul(w, svh_d.view(1, -1), out=o)
+    return out
