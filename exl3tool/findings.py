@@ -50,7 +50,12 @@ class Rule:
 
     @property
     def family(self) -> str:
-        return self.code.rstrip("0123456789")
+        return family_of(self.code)
+
+
+def family_of(code: str) -> str:
+    """A rule code without its 3-digit number: ST001 -> ST, R7030 -> R7."""
+    return code[:-3]
 
 
 _REGISTRY: dict[str, Rule] = {}

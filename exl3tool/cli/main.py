@@ -7,6 +7,14 @@ import typer
 
 from exl3tool import __version__
 from exl3tool.cli import rules_cmd
+from exl3tool.cli import check as check_cmd
+from exl3tool.cli import diff as diff_cmd
+from exl3tool.cli import identity as identity_cmd
+from exl3tool.cli import validate as validate_cmd
+from exl3tool.cli import inspect as inspect_cmd
+from exl3tool.cli import slice as slice_cmd
+from exl3tool.cli import verify_swap as verify_swap_cmd
+from exl3tool.cli import stage as stage_cmd
 
 app = typer.Typer(
     name="exl3tool",
@@ -34,6 +42,14 @@ def _root(
 
 app.command("rules")(rules_cmd.rules)
 # Commands register below, one line each.
+app.command("check")(check_cmd.check)
+app.command("identity")(identity_cmd.identity)
+app.command("diff")(diff_cmd.diff)
+app.command("validate")(validate_cmd.validate)
+app.command("inspect")(inspect_cmd.inspect)
+app.command("slice")(slice_cmd.slice_cmd)
+app.command("verify-swap")(verify_swap_cmd.verify_swap)
+app.command("stage-cartridge")(stage_cmd.stage_cartridge)
 
 
 def main() -> None:

@@ -22,6 +22,11 @@ _ISSUE_RULES = {
 }
 
 
+# Issues after which loads() has no value; a bare `null` document parses fine and is
+# reported below as "not an object" instead of vanishing without a finding.
+_FATAL = frozenset(("syntax", "encoding", "depth", "huge_int"))
+
+
 def report_issues(issues: list[JsonIssue], findings: Findings, label: str) -> None:
     for issue in issues:
         findings.add(_ISSUE_RULES[issue.kind], issue.message, file=label, pointer=issue.pointer)
@@ -59,7 +64,7 @@ def read_json(
         return None
     value, issues = loads(data)
     report_issues(issues, findings, label)
-    if value is None:
+    if value is None and any(i.kind in _FATAL for i in issues):
         return None
     if require_object and not isinstance(value, dict):
         findings.add(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +17,13 @@ from pathlib import Path
 from exl3tool.findings import Findings
 from exl3tool.io import rules
 from exl3tool.io.dtypes import BITS
-from exl3tool.io.strict_json import raw_decode, walk_issues
+from exl3tool.io.strict_json import has_lone_surrogate, raw_decode, walk_issues
 
 MAX_HEADER = 100_000_000
 MAX_INT48 = 2**48 - 1
 _ENTRY_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
-_UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f\\/]|(^|\.)\.\.(\.|$)|^\.\.$")
+# Lone surrogates (from "\\ud800" escapes) are not Unicode: they cannot be written as UTF-8.
+_UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f\\/\ud800-\udfff]|(^|\.)\.\.(\.|$)|^\.\.$")
 _JSON_WS = " \t\n\r"
 
 
@@ -70,6 +72,7 @@ class SafetensorsFile:
     stamp: FileStamp
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     metadata: dict[str, str] | None = None
+    invalid_entries: int = 0  # entries dropped as malformed (layout checks then stay quiet)
 
     @property
     def data_start(self) -> int:
@@ -96,8 +99,13 @@ def read_header(path: Path, findings: Findings, label: str | None = None) -> Saf
     Raises OSError when the file cannot be opened or read (the caller decides: exit 3 or finding).
     """
     label = label or str(path)
-    with open(path, "rb") as fh:
+    # O_NONBLOCK: a FIFO posing as a shard must not hang the reader.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            findings.add(rules.PA_NOT_REGULAR, "not a regular file", file=label)
+            return None
         size = st.st_size
         head = fh.read(8)
         if len(head) < 8:
@@ -154,18 +162,23 @@ def _parse_header(raw: bytes, out: SafetensorsFile, findings: Findings) -> bool:
     if not isinstance(header, dict):
         findings.add(rules.ST_NOT_OBJECT, f"header is a JSON {type(header).__name__}", file=label)
         return False
+    if has_lone_surrogate(text, header):
+        findings.add(
+            rules.ST_ENCODING,
+            "a string holds a lone UTF-16 surrogate escape (not Unicode; the reference reader "
+            "rejects it)",
+            file=label,
+        )
     for issue in walk_issues(header):
+        if issue.kind == "huge_int":
+            continue  # shape/data_offsets checks report it under the right rule (ST011/ST012)
         r = {
             "duplicate": rules.ST_DUPLICATE,
             "nonfinite": rules.ST_NONFINITE,
-            "huge_int": rules.ST_OFFSETS,
             "depth": rules.ST_DEPTH,
         }[issue.kind]
-        tensor = (
-            issue.pointer[1:].replace("~1", "/").replace("~0", "~")
-            if issue.kind == "duplicate"
-            else None
-        )
+        top = issue.pointer[1:].split("/", 1)[0].replace("~1", "/").replace("~0", "~")
+        tensor = top if issue.kind == "duplicate" and top != "__metadata__" else None
         findings.add(
             r,
             issue.message,
@@ -188,6 +201,8 @@ def _parse_header(raw: bytes, out: SafetensorsFile, findings: Findings) -> bool:
         info = _entry(name, entry, label, findings)
         if info is not None:
             out.tensors[name] = info
+        else:
+            out.invalid_entries += 1
     if not header:
         findings.add(rules.ST_EMPTY, "header lists no tensors", file=label)
     return True
@@ -263,10 +278,12 @@ def _check_layout(out: SafetensorsFile, findings: Findings) -> None:
     label = out.label
     if out.data_start % 8:
         findings.add(rules.ST_ALIGN, f"data starts at byte {out.data_start}", file=label)
+    # With a malformed entry dropped, its bytes look like a gap or trailing data: say nothing.
+    complete = not out.invalid_entries
     pos = 0
     owner: TensorInfo | None = None
     for t in sorted(out.tensors.values(), key=lambda t: (t.begin, t.end)):
-        if t.begin > pos:
+        if t.begin > pos and complete:
             findings.add(
                 rules.ST_GAP,
                 f"{t.begin - pos} unused bytes before this tensor",
@@ -283,6 +300,6 @@ def _check_layout(out: SafetensorsFile, findings: Findings) -> None:
         if t.end >= pos:
             pos, owner = t.end, t
     data_len = out.file_size - out.data_start
-    if pos != data_len:
+    if pos > data_len or (pos < data_len and complete):
         what = "trailing bytes after" if pos < data_len else "payloads run past end of file by"
         findings.add(rules.ST_COVERAGE, f"{what} {abs(data_len - pos)} bytes", file=label)

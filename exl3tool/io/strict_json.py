@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 MAX_INT = 2**63 - 1
 MAX_DEPTH = 64
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,27 @@ def _walk(value: Any, pointer: str, depth: int, issues: list[JsonIssue]) -> None
         issues.append(JsonIssue("huge_int", pointer, "integer beyond 64 bits"))
 
 
+def _lone_surrogate_in(value: Any) -> bool:
+    stack = [value]  # iterative: the parser accepts nesting deeper than our recursion budget
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if any("\ud800" <= c <= "\udfff" for c in v):
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def has_lone_surrogate(text: str, value: Any) -> bool:
+    """Whether a parsed value holds a lone UTF-16 surrogate ("\\ud800"): valid JSON syntax,
+    but not Unicode, so strict parsers (serde_json) reject it and it cannot be re-encoded."""
+    return bool(_SURROGATE_ESCAPE.search(text)) and _lone_surrogate_in(value)
+
+
 def _plain(value: Any) -> Any:
     """Replace the parser's dict subclass by plain dicts (cheap, and equality stays exact)."""
     if isinstance(value, dict):
@@ -102,6 +125,8 @@ def loads(text: str | bytes) -> tuple[Any, list[JsonIssue]]:
     except ValueError as exc:  # e.g. int with too many digits
         return None, [JsonIssue("huge_int", "", str(exc).split(";")[0])]
     issues: list[JsonIssue] = []
+    if has_lone_surrogate(text, value):
+        issues.append(JsonIssue("encoding", "", "lone UTF-16 surrogate escape (not Unicode)"))
     _walk(value, "", 0, issues)
     return value, issues
 

@@ -33,6 +33,10 @@ def render_string(report: Report, fmt: str) -> str:
 
 def emit(report: Report, fmt: str, output: Path | None = None, *, quiet: bool = False) -> None:
     """Write the report; text goes to the terminal with color unless --output is given."""
+    from exl3tool.report import github
+
+    if github.in_github_actions():  # annotations on stderr never mix with stdout formats
+        github.print_annotations(report, sys.stderr)
     if output is not None:
         write_bytes_atomic(Path(output), render_string(report, fmt).encode(), force=True)
         return

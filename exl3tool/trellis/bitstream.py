@@ -98,7 +98,7 @@ def _state_windows(words: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 _tables: dict[tuple, torch.Tensor] = {}
-_tables_lock = threading.Lock()
+_tables_lock = threading.RLock()
 
 
 def _cached(key: tuple, build) -> torch.Tensor:

@@ -79,16 +79,17 @@ def _left_fma(x: torch.Tensor) -> torch.Tensor:
 
 
 def _right_fma(x: torch.Tensor) -> torch.Tensor:
-    """fp32 [k, n]: per 128-column block, block @ C (columns mixed), FMA order (C is symmetric)."""
+    """fp32 [k, n]: per 128-column block, block @ C (columns mixed), FMA order."""
     k, n = x.shape
-    signs = hadamard_signs(x.device)
+    signs = hadamard_signs(x.device).to(torch.float64)
     out = torch.empty_like(x)
     rows = max(1, _CHUNK_ELEMS // (n * 8))
     for r0 in range(0, k, rows):
-        blk = x[r0 : r0 + rows].reshape(-1, n // HAD, HAD)  # [r, blocks, t]
-        t_first = blk.permute(0, 2, 1).reshape(-1, HAD, n // HAD)  # [r, t, blocks]
-        res = _fma_seq(t_first, signs)  # [r, i, blocks]
-        out[r0 : r0 + rows] = res.view(-1, HAD, n // HAD).permute(0, 2, 1).reshape(-1, n)
+        cx = x[r0 : r0 + rows].reshape(-1, HAD).to(torch.float64) * HAD_SCALE_F32  # [m, t]
+        acc = torch.zeros_like(cx)  # [m, i]
+        for t in range(HAD):
+            acc = (acc + cx[:, t : t + 1] * signs[t]).to(torch.float32).to(torch.float64)
+        out[r0 : r0 + rows] = acc.to(torch.float32).view(-1, n)
     return out
 
 

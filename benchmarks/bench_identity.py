@@ -1,0 +1,205 @@
+"""Benchmark `exl3tool identity` against b3sum, sha256sum and a one-thread hashlib loop.
+
+    python benchmarks/bench_identity.py [--gb 4] [--dir /tmp] [--threads N] [--repeat 3]
+
+Builds ~4 GB of realistic EXL3 expert shards (trellis I16, suh/svh F16, mcg I32; 1 GB shards
+with an index), warms the page cache, then times each method on the same files (best of
+--repeat) in one run. Throughput = file bytes / wall time of the whole command (process start
+included). Peak RSS of each child comes from wait4(). Targets (issue 7):
+  blake3 identity >= 0.9 x b3sum;  sha256 identity >= 0.9 x (threads x one-thread hashlib);
+  peak RSS < 300 MB.
+b3sum: `apt-get install -y b3sum` (Debian/Ubuntu) or `cargo install b3sum`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import mmap
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# The shards are built in a child process (`--build-only`): a parent that held numpy and the
+# random pool would pass its peak RSS on to every child it starts (ru_maxrss survives fork+exec).
+
+HIDDEN, INTER, K = 2048, 768, 4  # Qwen3-30B-A3B-like expert geometry at 4 bits
+SHARD_BYTES = 1 << 30
+
+
+def _expert_specs(layer: int, experts: int) -> list:
+    from exl3tool.io.st_writer import TensorSpec
+
+    out = []
+    for e in range(experts):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            fin, fout = (INTER, HIDDEN) if proj == "down_proj" else (HIDDEN, INTER)
+            p = f"model.layers.{layer}.mlp.experts.{e}.{proj}"
+            out += [
+                (TensorSpec(f"{p}.trellis", "I16", (fin // 16, fout // 16, 16 * K)), 0),
+                (TensorSpec(f"{p}.suh", "F16", (fin,)), 0),
+                (TensorSpec(f"{p}.svh", "F16", (fout,)), 0),
+                (TensorSpec(f"{p}.mcg", "I32", ()), 1),
+            ]
+    out.append((TensorSpec(f"model.layers.{layer}.mlp.gate.weight", "BF16", (experts, HIDDEN)), 0))
+    return out
+
+
+def build(root: Path, gb: float) -> int:
+    """Write shards of ~1 GB until ~gb GB; returns the total file bytes."""
+    import numpy as np
+
+    from exl3tool.formats.exl3 import MCG_MARKER
+    from exl3tool.io.st_writer import SafetensorsStreamWriter, TensorSpec
+
+    pool = np.random.default_rng(0).integers(0, 256, 64 << 20, dtype=np.uint8).tobytes()
+    mcg = np.array(MCG_MARKER, np.int32).tobytes()
+    target, total, layer, shard = int(gb * 1e9), 0, 0, 0
+    weight_map: dict[str, str] = {}
+    pos = 0
+    while total < target:
+        specs: list = []
+        while sum(s.nbytes for s, _ in specs) < min(SHARD_BYTES, target - total):
+            specs += _expert_specs(layer, 128)
+            layer += 1
+        shard += 1
+        name = f"model-{shard:05d}.safetensors"
+        with open(root / name, "wb") as fh:
+            w = SafetensorsStreamWriter(fh, [s for s, _ in specs])
+            for s, is_mcg in specs:
+                n = s.nbytes
+                while n:
+                    take = min(n, len(pool) - pos)
+                    w.write(mcg if is_mcg else memoryview(pool)[pos : pos + take])
+                    if is_mcg:
+                        break
+                    n -= take
+                    pos = (pos + take) % (len(pool) - 7)
+            w.close()
+        weight_map.update(dict.fromkeys((s.name for s, _ in specs), name))
+        total += os.path.getsize(root / name)
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with open(root / "tiny.safetensors", "wb") as fh:
+        SafetensorsStreamWriter(fh, [TensorSpec("t", "U8", (8,))]).write(bytes(8))
+    (root / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "exl3"}}))
+    return total
+
+
+def timed(cmd: list[str], repeat: int) -> tuple[float, int]:
+    """Best wall time and the largest peak RSS (bytes) of `repeat` runs of a child."""
+    best, rss = float("inf"), 0
+    for _ in range(repeat):
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(p.pid, 0)
+        dt = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err = p.stderr.read().decode() if p.stderr else ""
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {err}")
+        best, rss = min(best, dt), max(rss, usage.ru_maxrss * 1024)
+    return best, rss
+
+
+def hashlib_one_thread(files: list[Path], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for f in files:
+            with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                h, mv = hashlib.sha256(), memoryview(mm)
+                for i in range(0, len(mm), 8 << 20):
+                    h.update(mv[i : i + (8 << 20)])
+                mv.release()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gb", type=float, default=4.0)
+    ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--build-only", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.build_only is not None:
+        print(build(args.build_only, args.gb))
+        return
+    b3sum = shutil.which("b3sum")
+    if b3sum is None:
+        raise SystemExit("b3sum not found: apt-get install -y b3sum (or cargo install b3sum)")
+    work = Path(tempfile.mkdtemp(prefix="bench-identity-", dir=args.dir))
+    try:
+        t0 = time.perf_counter()
+        out = subprocess.run(
+            [sys.executable, __file__, "--build-only", str(work), "--gb", str(args.gb)],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        total = int(out.stdout.split()[-1])
+        files = sorted(work.glob("model-*.safetensors"))
+        print(
+            f"built {total / 1e9:.2f} GB in {len(files)} shards in {time.perf_counter() - t0:.0f} s"
+        )
+        n = args.threads
+        exl = [sys.executable, "-m", "exl3tool", "identity", str(work), "--threads", str(n)]
+        env_files = [str(f) for f in files]
+        subprocess.run([b3sum, *env_files], stdout=subprocess.DEVNULL, check=True)  # warm cache
+        rows: list[tuple[str, float, int]] = []
+
+        def row(label: str, cmd: list[str]) -> float:
+            dt, rss = timed(cmd, args.repeat)
+            rows.append((label, total / dt / 1e9, rss))
+            return total / dt / 1e9
+
+        os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        os.environ["EXL3TOOL_NO_PROGRESS"] = "1"
+        # the fixed cost of a run (interpreter, imports, headers of a 1-tensor file)
+        dt0, _ = timed([*exl[:4], str(work / "tiny.safetensors"), "--no-compat"], args.repeat)
+        b3 = row(f"b3sum --num-threads {n}", [b3sum, "--num-threads", str(n), *env_files])
+        ib3 = row("identity --algo blake3 --no-compat", [*exl, "--algo", "blake3", "--no-compat"])
+        row("identity --algo blake3 (+ sha256 compat block)", [*exl, "--algo", "blake3"])
+        s_sum = row("sha256sum", ["sha256sum", *env_files])
+        is2 = row("identity --algo sha256 (compat reused)", [*exl, "--algo", "sha256"])
+        one = total / hashlib_one_thread(files, args.repeat) / 1e9
+        rows.append(("hashlib.sha256, one thread, 8 MiB mmap updates", one, 0))
+        lines = [
+            f"{total / 1e9:.2f} GB, {len(files)} shards, warm page cache, {n} threads, "
+            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, best of "
+            f"{args.repeat}",
+            "",
+            "| method | GB/s | peak RSS MB |",
+            "|---|---|---|",
+            *(
+                f"| {m} | {g:.2f} | {r / 1e6:.0f} |" if r else f"| {m} | {g:.2f} | - |"
+                for m, g, r in rows
+            ),
+            "",
+            f"* blake3 identity / b3sum = {ib3 / b3:.2f} (target >= 0.9)",
+            f"* fixed cost of one identity run (start, imports, headers): {dt0:.2f} s; without it "
+            f"blake3 identity / b3sum = {total / (total / ib3 / 1e9 - dt0) / 1e9 / b3:.2f}, "
+            f"sha256 identity / ({n} x one-thread hashlib) = "
+            f"{total / (total / is2 / 1e9 - dt0) / 1e9 / (n * one):.2f}",
+            f"* sha256 identity / ({n} x one-thread hashlib) = {is2 / (n * one):.2f} "
+            "(target >= 0.9)",
+            f"* sha256 identity / sha256sum = {is2 / s_sum:.2f}",
+            f"* peak RSS of identity runs: {max(r for m, _, r in rows if 'identity' in m) / 1e6:.0f}"
+            " MB (target < 300)",
+        ]
+        text = "\n".join(lines)
+        print(text)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""`stage-cartridge`: turn an adapter into a verified, deployable, TP-ready directory.
+
+Mirrors the runtime's staging step (msrt-cartridge-format.md §9 A, §10.2): every shard is opened
+without following symlinks and copied into a private directory while it is hashed (one read,
+sha256 + blake3), its size and sha256 are compared with the manifest and its
+(dev, ino, size, mtime_ns, ctime_ns) before and after the copy must agree. Every validation then
+runs on the verified private bytes against the base (whose identity is recomputed from its bytes).
+A `full` adapter staged for `--tp N > 1` is converted to `rank-sharded` by
+`exl3tool.tp.cartridge.shard_cartridge` and the result is validated again. The runtime tables of
+every rank are materialized (dry run) and summarized in `exl3tool-staging.json`.
+
+Publication is atomic (`io.atomic.atomic_dir`): everything is written in a hidden temporary
+sibling `.OUT.tmp-*`, fsynced, then renamed. On any error nothing appears at OUT and an existing
+OUT is untouched. A killed process can leave a hidden `.OUT.tmp-*` sibling; the next run removes
+such leftovers older than the run (`_clean_leftovers`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exl3tool import __version__
+from exl3tool.cartridge import spec
+from exl3tool.cartridge.model import Cartridge, ShardEntry, load_cartridge
+from exl3tool.cartridge.tables import TablesError, materialize_tables, max_residual_bits
+from exl3tool.checks import cartridge_rules as ca
+from exl3tool.checks.cartridge import BaseInfo, check_loaded, load_base_info
+from exl3tool.checks.options import ValidateOptions
+from exl3tool.errors import Exl3ToolError, OutputError, UsageError
+from exl3tool.findings import Findings
+from exl3tool.identity.engine import new_hasher
+from exl3tool.io import rules as io_rules
+from exl3tool.io.atomic import atomic_dir
+from exl3tool.io.paths import PathViolation, open_inside
+from exl3tool.io.safetensors import FileStamp
+
+STAGING_SCHEMA = "exl3tool-staging/1"
+STAGING_FILE = "exl3tool-staging.json"
+CHUNK = 8 << 20  # §9 rule 5: the runtime copies in 8 MiB reads
+_COPY_DIR = ".exl3tool-private-copy"
+
+# Test hook: called after each chunk with (shard path, bytes copied so far). Tests monkeypatch it
+# to modify a source mid-copy; EXL3TOOL_TEST_STAGE_SLEEP (seconds per chunk) slows the copy so a
+# test can kill the process while it runs.
+copy_hook: Callable[[str, int], None] | None = None
+
+
+class StageError(Exl3ToolError):
+    """Staging refused the adapter; `findings` say why (exit 1, nothing written at OUT)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, findings: Findings) -> None:
+        super().__init__(message)
+        self.findings = findings
+
+
+@dataclass
+class CopiedFile:
+    path: str
+    size: int
+    sha256: str
+    blake3: str
+
+
+@dataclass
+class StageResult:
+    out: Path
+    findings: Findings
+    staging: dict[str, Any] = field(default_factory=dict)
+
+
+def _copy_one(
+    root: Path, entry: ShardEntry, dest_root: Path, progress: Any
+) -> tuple[CopiedFile | None, list[tuple]]:
+    """Copy one shard with one read, hashing it; returns (copied, problems as (rule, msg))."""
+    problems: list[tuple] = []
+    try:
+        fd = open_inside(root, entry.path)
+    except PathViolation as exc:
+        return None, [
+            (io_rules.PA_SYMLINK if exc.kind == "symlink" else io_rules.PA_NOT_REGULAR, str(exc))
+        ]
+    sleep = float(os.environ.get("EXL3TOOL_TEST_STAGE_SLEEP", "0") or 0)
+    sha, b3 = new_hasher("sha256"), new_hasher("blake3")
+    dest = dest_root / entry.path
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(fd, "rb", buffering=0) as src:
+        before = FileStamp.of(os.fstat(src.fileno()))
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        done = 0
+        try:
+            with open(dest, "xb", buffering=0) as dst:
+                while True:
+                    n = src.readinto(view)
+                    if not n:
+                        break
+                    chunk = view[:n]
+                    sha.update(chunk)
+                    b3.update(chunk)
+                    _write_all(dst, chunk)
+                    done += n
+                    if progress is not None:
+                        progress.advance(n)
+                    if copy_hook is not None:
+                        copy_hook(entry.path, done)
+                    if sleep:
+                        time.sleep(sleep)
+        except OSError as exc:
+            raise OutputError(f"cannot write {dest.name}: {exc.strerror or exc}") from exc
+        after = FileStamp.of(os.fstat(src.fileno()))
+    if after != before or done != before.size:
+        problems.append(
+            (
+                io_rules.ST_CHANGED,
+                "the source changed during the copy (dev, inode, size, mtime or ctime)",
+            )
+        )
+    if type(entry.size) is int and done != entry.size:
+        problems.append(
+            (
+                ca.CA_SHARD_SIZE,
+                f"size does not match: copied {done} bytes, adapter_config.json says {entry.size}",
+            )
+        )
+    digest = sha.hexdigest()
+    if digest != entry.sha256:
+        problems.append(
+            (ca.CA_SHARD_SHA256, f"sha256 does not match adapter_config.json ({digest})")
+        )
+    return CopiedFile(entry.path, done, digest, b3.hexdigest()), problems
+
+
+def _write_all(dst: Any, chunk: memoryview) -> None:
+    while len(chunk):
+        n = dst.write(chunk)
+        chunk = chunk[n:]
+
+
+def copy_verified(
+    cart: Cartridge,
+    dest: Path,
+    findings: Findings,
+    *,
+    threads: int | None = None,
+    progress: Any = None,
+) -> list[CopiedFile]:
+    """Copy every listed shard and the manifest bytes into `dest`, verifying as it goes."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / spec.ADAPTER_CONFIG).write_bytes(cart.manifest_bytes or b"")
+    entries = sorted(cart.entries, key=lambda e: e.index)
+    workers = max(1, min(threads or os.cpu_count() or 1, len(entries) or 1))
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda e: _copy_one(cart.root, e, dest, progress), entries))
+    copied = []
+    for entry, (cf, problems) in zip(entries, results, strict=True):
+        for r, msg in problems:
+            findings.add(r, msg, file=entry.path, pointer=f"/shards/{entry.index}")
+        if cf is not None:
+            copied.append(cf)
+    return copied
+
+
+def _file_hashes(root: Path, manifest: dict[str, Any]) -> list[CopiedFile]:
+    from exl3tool.identity.engine import hash_files
+
+    paths = [root / sh["path"] for sh in manifest["shards"]]
+    b3 = hash_files(paths, "blake3")
+    return [
+        CopiedFile(sh["path"], sh["size"], sh["sha256"], b3[root / sh["path"]])
+        for sh in manifest["shards"]
+    ]
+
+
+def _rank_files(
+    cart: Cartridge, files: list[CopiedFile], world: int
+) -> dict[int, list[CopiedFile]]:
+    """Which files each rank reads: full -> all files for every rank; rank-sharded -> by key rank."""
+    if cart.layout != "rank-sharded":
+        return {r: list(files) for r in range(world)}
+    by_rank: dict[int, list[CopiedFile]] = {r: [] for r in range(world)}
+    for f in files:
+        ranks = {k.rank for k in cart.stage_keys() if cart.keys[k.name].shard.label == f.path}
+        for r in sorted(ranks):
+            by_rank.setdefault(r, []).append(f)
+    return by_rank
+
+
+def staging_record(
+    cart: Cartridge,
+    files: list[CopiedFile],
+    base: BaseInfo,
+    world: int,
+    source_manifest: bytes,
+    converted: bool,
+) -> dict[str, Any]:
+    """The `exl3tool-staging/1` document (schemas/exl3tool-staging-1.schema.json)."""
+    ranks = []
+    mrb = 0
+    for r, rfiles in sorted(_rank_files(cart, files, world).items()):
+        tables = materialize_tables(cart, rank=r, world_size=world, num_experts=base.num_experts)
+        mrb = max(mrb, max_residual_bits(tables))
+        ranks.append(
+            {
+                "rank": r,
+                "files": [
+                    {"path": f.path, "size": f.size, "sha256": f.sha256, "blake3": f.blake3}
+                    for f in rfiles
+                ],
+                "layers": [t.summary() for t in tables.values()],
+            }
+        )
+    return {
+        "schema": STAGING_SCHEMA,
+        "tool_version": __version__,
+        "adapter_manifest_sha256": hashlib.sha256(source_manifest).hexdigest(),
+        "staged_manifest_sha256": hashlib.sha256(cart.manifest_bytes or b"").hexdigest(),
+        "base": {"compatibility_sha256": base.root, "k": base.k},
+        "tp_size": world,
+        "layout": cart.layout,
+        "converted": converted,
+        "chain": cart.chain_labels,
+        "max_residual_bits": mrb,
+        "ranks": ranks,
+    }
+
+
+def _clean_leftovers(out: Path) -> None:
+    """Remove hidden temp siblings a killed earlier run left behind (`.OUT.tmp-*`, `.OUT.old-*`)."""
+    parent = out.parent
+    if not parent.is_dir():
+        return
+    for e in parent.iterdir():
+        if (
+            e.name.startswith((f".{out.name}.tmp-", f".{out.name}.old-"))
+            and e.is_dir()
+            and not e.is_symlink()
+        ):
+            shutil.rmtree(e, ignore_errors=True)
+
+
+def _fail(findings: Findings, what: str) -> None:
+    if findings.has_errors():
+        raise StageError(f"{what}: {len(findings.errors())} errors; nothing was written", findings)
+
+
+def stage_cartridge(
+    adapter: Path,
+    base: Path,
+    *,
+    out: Path,
+    tp: int | None = None,
+    force: bool = False,
+    threads: int | None = None,
+    progress: Any = None,
+) -> StageResult:
+    """Stage `adapter` for `base` at TP size `tp` into `out`; raise StageError with the findings."""
+    out = Path(out).absolute()
+    if tp is not None and tp < 1:
+        raise UsageError("--tp must be >= 1")
+    if (out.exists() or out.is_symlink()) and not force:
+        raise OutputError(f"{out} exists; pass --force to replace it")
+    _clean_leftovers(out)
+    findings = Findings()
+    src = load_cartridge(Path(adapter), findings)
+    if src.entry_file is not None and src.entry_file != spec.ADAPTER_CONFIG:
+        raise UsageError("stage-cartridge takes the adapter directory, not a shard file")
+    binfo = load_base_info(Path(base), findings, recompute=True, threads=threads)
+    _fail(findings, "the adapter or the base cannot be staged")
+    assert binfo is not None and src.manifest is not None
+    world = tp if tp is not None else (src.world_size if src.layout == "rank-sharded" else 1)
+    convert = src.layout == "full" and world > 1
+    with atomic_dir(out, force=force) as tmp:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a deployable directory is world-readable
+        private = tmp / _COPY_DIR if convert else tmp
+        copied = copy_verified(src, private, findings, threads=threads, progress=progress)
+        _fail(findings, "copy verification failed")
+        copy = load_cartridge(private, findings)
+        check_loaded(
+            copy, findings, ValidateOptions(tp=world, threads=threads), base=binfo, hashed=True
+        )
+        _fail(findings, "validation failed")
+        if convert:
+            from exl3tool.tp.cartridge import shard_cartridge, verify_sharded
+
+            try:
+                shard_cartridge(copy, world, tmp)
+            except OSError as exc:
+                raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from exc
+            staged = load_cartridge(tmp, findings)
+            findings.extend(verify_sharded(copy, staged))
+            check_loaded(
+                staged,
+                findings,
+                ValidateOptions(tp=world, threads=threads),
+                base=binfo,
+                hashed=True,
+            )
+            _fail(findings, "the rank-sharded output does not validate")
+            shutil.rmtree(private)
+            files = _file_hashes(tmp, staged.manifest)
+        else:
+            staged, files = copy, copied
+        try:
+            record = staging_record(staged, files, binfo, world, src.manifest_bytes or b"", convert)
+        except TablesError as exc:
+            findings.add(ca.CA_K_UNIFORM, f"runtime tables cannot be materialized: {exc}")
+            _fail(findings, "runtime tables")
+            raise
+        (tmp / STAGING_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return StageResult(out, findings, record)

@@ -1,0 +1,297 @@
+"""Checks of the legacy rank-sliced profile, `hybrid_tr3_tail` with `tp` (RS rules, r7 §7.1).
+
+Used for rank-sliced checkpoints and for the MTP layer an R7 checkpoint carries under the tail (§6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from exl3tool.checks import r7_rules as r7
+from exl3tool.checks.checkpoint import ExpertTable, FiniteCheck, expert_count, expert_table
+from exl3tool.checks.exl3 import (
+    check_linears,
+    check_marker,
+    check_trellis_dtype,
+    report_nonfinite,
+)
+from exl3tool.checks.options import ValidateOptions
+from exl3tool.findings import Findings
+from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.formats.exl3 import group_linears
+from exl3tool.formats.names import PROJECTIONS
+from exl3tool.io.strict_json import is_json_int, pointer_join
+from exl3tool.io.views import TensorReader
+
+TENSOR_SCHEMA = "model.layers.{L}.mlp.experts.{E}.{proj}.rank{r}.{trellis|suh|svh|mcg}"
+SHARED_H_SCHEMA = "model.layers.{L}.mlp.experts.shared_h.{proj}.rank{r}.{suh|svh}"
+ROTATIONS = ("per_expert_v1", "shared_h_v1")
+MAX_MISSING = 20  # per layer; the rest is summarised in one finding
+
+
+@dataclass
+class TailContext:
+    """Where the tail lives and what the model says about it."""
+
+    file: str  # config.json
+    base: str  # JSON pointer of the tail
+    hidden: int | None
+    inter: int | None
+    n_experts: int | None
+
+
+def _range(v: Any) -> tuple[int, int] | None:
+    ok = isinstance(v, list) and len(v) == 2 and all(is_json_int(x) and x >= 0 for x in v)
+    return (v[0], v[1]) if ok and v[1] >= v[0] else None
+
+
+def tail_layers(tail: Any) -> tuple[int, int] | None:
+    return _range(tail.get("moe_layers")) if isinstance(tail, dict) else None
+
+
+def check_tail(
+    ckpt: Checkpoint,
+    tail: Any,
+    table: ExpertTable,
+    ctx: TailContext,
+    findings: Findings,
+    options: ValidateOptions,
+    reader: TensorReader,
+    finite: FiniteCheck,
+) -> None:
+    """The tail's fields (§7.1) and every rank slice of every expert in its layer range."""
+    f, base = ctx.file, ctx.base
+
+    def field_problem(key: str, msg: str, r: Any = r7.RS_FIELD) -> None:
+        findings.add(r, msg, file=f, pointer=pointer_join(base, key))
+
+    if not isinstance(tail, dict):
+        findings.add(r7.RS_FIELD, "hybrid_tr3_tail must be an object", file=f, pointer=base)
+        return
+    if tail.get("format") != "exl3-trellis":
+        field_problem("format", f"format {tail.get('format')!r}, expected 'exl3-trellis'")
+    bits = tail.get("bits")
+    mixed = bits == "mixed"
+    if not mixed and (type(bits) not in (int, float) or bits <= 0):
+        field_problem("bits", f"bits {bits!r}: a number or 'mixed'")
+    if tail.get("codebook") != "mcg":
+        field_problem("codebook", f"codebook {tail.get('codebook')!r}, expected 'mcg'")
+    epl = tail.get("experts_per_layer")
+    if not is_json_int(epl) or epl <= 0:
+        field_problem("experts_per_layer", f"experts_per_layer {epl!r}: a positive JSON integer")
+        epl = None
+    elif ctx.n_experts is not None and epl != ctx.n_experts:
+        field_problem(
+            "experts_per_layer",
+            f"experts_per_layer {epl}, the model has {ctx.n_experts} routed experts",
+            r7.RS_EXPERTS,
+        )
+    layers = tail_layers(tail)
+    if layers is None:
+        field_problem(
+            "moe_layers", f"moe_layers {tail.get('moe_layers')!r}: [first, last] JSON ints"
+        )
+    if tail.get("tensor_schema") != TENSOR_SCHEMA:
+        field_problem("tensor_schema", f"tensor_schema {tail.get('tensor_schema')!r}", r7.RS_SCHEMA)
+    tp = tail.get("tp")
+    if not is_json_int(tp) or tp < 1:
+        field_problem("tp", f"tp {tp!r}: a positive JSON integer")
+        tp = None
+    elif options.tp is not None and tp != options.tp:
+        field_problem("tp", f"checkpoint tp {tp}, runtime --tp {options.tp}", r7.RS_TP)
+    rotation = tail.get("rotation_layout", "per_expert_v1")
+    if rotation not in ROTATIONS:
+        field_problem("rotation_layout", f"rotation_layout {rotation!r}", r7.RS_ROTATION)
+    elif rotation == "shared_h_v1" and tail.get("shared_h_tensor_schema") != SHARED_H_SCHEMA:
+        field_problem(
+            "shared_h_tensor_schema",
+            f"shared_h_v1 needs shared_h_tensor_schema {SHARED_H_SCHEMA!r}",
+            r7.RS_ROTATION,
+        )
+    k_allowed, tier = _mixed_bits(ckpt, tail, mixed, ctx, findings)
+    inter, hidden = ctx.inter, ctx.hidden
+    if tp is not None and inter is not None and (inter % tp or (inter // tp) % 128):
+        field_problem("tp", f"intermediate {inter} / tp {tp} is not a multiple of 128", r7.RS_ALIGN)
+        return
+    if layers is None or tp is None or epl is None or hidden is None or inter is None:
+        return
+    uniform_k = (
+        int(bits) if not mixed and type(bits) in (int, float) and bits == int(bits) else None
+    )
+    _check_slices(
+        table, layers, epl, tp, hidden, inter, uniform_k, k_allowed, tier,
+        rotation == "shared_h_v1", ctx, findings, reader, finite,
+    )  # fmt: skip
+    for (layer, _e, _p, rank), parts in table.ranked.items():
+        if layers[0] <= layer <= layers[1] and rank >= tp:
+            ref = next(iter(parts.values()))
+            findings.add(
+                r7.RS_RANK_RANGE, f"rank {rank} >= tp {tp}", file=ref.file, tensor=ref.name
+            )
+
+
+def _mixed_bits(
+    ckpt: Checkpoint, tail: dict, mixed: bool, ctx: TailContext, findings: Findings
+) -> tuple[set[int] | None, dict[str, Any] | None]:
+    """k_values and tier_bitmap.json for `bits: "mixed"` (RS011)."""
+    if not mixed:
+        return None, None
+    kv = tail.get("k_values")
+    if not (isinstance(kv, list) and kv and all(is_json_int(k) and 3 <= k <= 6 for k in kv)):
+        findings.add(
+            r7.RS_TIER_BITMAP,
+            f"k_values {kv!r}: non-empty JSON ints in 3..6",
+            file=ctx.file,
+            pointer=pointer_join(ctx.base, "k_values"),
+        )
+        kv = None
+    if tail.get("bits_per_expert") != "tier_bitmap.json:k":
+        findings.add(
+            r7.RS_TIER_BITMAP,
+            f"bits_per_expert {tail.get('bits_per_expert')!r}, expected 'tier_bitmap.json:k'",
+            file=ctx.file,
+            pointer=pointer_join(ctx.base, "bits_per_expert"),
+        )
+        return set(kv or ()), None
+    tb = ckpt.json_file("tier_bitmap.json", findings)
+    if not isinstance(tb, dict):
+        findings.add(
+            r7.RS_TIER_BITMAP, "tier_bitmap.json missing or unusable", file="tier_bitmap.json"
+        )
+        return set(kv or ()), None
+    return set(kv or ()), tb
+
+
+def _tier_k(tier: dict[str, Any] | None, layer: int, expert: int) -> int | None:
+    entry = (tier or {}).get(str(layer))
+    ks = entry.get("k") if isinstance(entry, dict) else None
+    if isinstance(ks, list) and expert < len(ks) and is_json_int(ks[expert]):
+        return ks[expert]
+    return None
+
+
+def _check_slices(
+    table: ExpertTable,
+    layers: tuple[int, int],
+    n_experts: int,
+    tp: int,
+    hidden: int,
+    inter: int,
+    uniform_k: int | None,
+    k_allowed: set[int] | None,
+    tier: dict[str, Any] | None,
+    shared_h: bool,
+    ctx: TailContext,
+    findings: Findings,
+    reader: TensorReader,
+    finite: FiniteCheck,
+) -> None:
+    part = inter // tp
+    for layer in range(layers[0], layers[1] + 1):
+        missing: list[str] = []
+        for e in range(n_experts):
+            tier_k = _tier_k(tier, layer, e)
+            for proj in PROJECTIONS:
+                down = proj == "down_proj"
+                # (trellis rows, trellis cols, suh size, svh size) of one rank slice
+                rows, cols = (part, hidden) if down else (hidden, part)
+                h_side = "svh" if down else "suh"
+                for r in range(tp):
+                    prefix = f"model.layers.{layer}.mlp.experts.{e}.{proj}.rank{r}"
+                    parts = table.ranked.get((layer, e, proj, r), {})
+                    need = ("trellis", "mcg", "suh", "svh")
+                    if shared_h:
+                        need = tuple(x for x in need if x != h_side)
+                    missing.extend(f"{prefix}.{fld}" for fld in need if fld not in parts)
+                    if shared_h and h_side in parts:
+                        ref = parts[h_side]
+                        findings.add(
+                            r7.RS_ROTATION,
+                            f"shared_h_v1 forbids {h_side} under expert ids",
+                            file=ref.file,
+                            tensor=ref.name,
+                        )
+                    t = parts.get("trellis")
+                    if t is not None and check_trellis_dtype(t, findings):
+                        shape = t.info.shape
+                        k = shape[2] // 16 if shape[2] % 16 == 0 else None
+                        if (shape[0] * 16, shape[1] * 16) != (rows, cols) or k is None:
+                            findings.add(
+                                r7.RS_GEOMETRY,
+                                f"trellis {list(shape)}, expected [{rows // 16}, {cols // 16}, 16*K]",
+                                file=t.file,
+                                tensor=t.name,
+                            )
+                        want = uniform_k if uniform_k is not None else tier_k
+                        if k is not None and (
+                            (want is not None and k != want)
+                            or (k_allowed is not None and k_allowed and k not in k_allowed)
+                        ):
+                            findings.add(
+                                r7.RS_K,
+                                f"K = {k}, expected "
+                                + (
+                                    f"{want}"
+                                    if want is not None
+                                    else f"one of {sorted(k_allowed or ())}"
+                                ),
+                                file=t.file,
+                                tensor=t.name,
+                            )
+                    for fld, size in (
+                        ("suh", hidden if not down else part),
+                        ("svh", part if not down else hidden),
+                    ):
+                        ref = parts.get(fld)
+                        if ref is None:
+                            continue
+                        finite.add(ref)
+                        if ref.info.dtype != "F16" or ref.info.shape != (size,):
+                            findings.add(
+                                r7.RS_GEOMETRY,
+                                f"{fld} is {ref.info.dtype}{list(ref.info.shape)}, expected F16 [{size}]",
+                                file=ref.file,
+                                tensor=ref.name,
+                            )
+                    if "mcg" in parts:
+                        check_marker(reader, parts["mcg"], "mcg", findings)
+        for name in missing[:MAX_MISSING]:
+            findings.add(r7.RS_MISSING, "rank slice missing", file=ctx.file, tensor=name)
+        if len(missing) > MAX_MISSING:
+            findings.add(
+                r7.RS_MISSING,
+                f"{len(missing) - MAX_MISSING} more rank slices of layer {layer} missing",
+                file=ctx.file,
+                pointer=pointer_join(ctx.base, "moe_layers"),
+            )
+
+
+def check_rank_sliced(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> None:
+    """A legacy rank-sliced checkpoint: the tail, every rank slice, other EXL3 linears."""
+    config = ckpt.config or {}
+    table = expert_table(ckpt.tensors)
+    count = expert_count(config)
+    hidden, inter = config.get("hidden_size"), config.get("moe_intermediate_size")
+    ctx = TailContext(
+        "config.json",
+        "/hybrid_tr3_tail",
+        hidden if is_json_int(hidden) else None,
+        inter if is_json_int(inter) else None,
+        count[1] if count else None,
+    )
+    if count is None:
+        findings.add(
+            r7.R7_EXPERT_COUNT,
+            "config.json gives no n_routed_experts / num_experts / num_local_experts",
+            file="config.json",
+            pointer="/n_routed_experts",
+        )
+    finite = FiniteCheck()
+    with TensorReader() as reader:
+        check_tail(
+            ckpt, config.get("hybrid_tr3_tail"), table, ctx, findings, options, reader, finite
+        )
+        others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
+        check_linears(group_linears(others), ckpt.tensors, findings, reader, finite)
+        finite.run(reader, report_nonfinite(findings))

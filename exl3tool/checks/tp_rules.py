@@ -1,0 +1,94 @@
+"""Rules of tensor-parallel slicing plans and their outputs (TP): exl3-format.md §6,
+r7-checkpoint-format.md §3.4 / §7, msrt-cartridge-format.md §8."""
+
+from exl3tool.findings import Severity, rule
+
+E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+TP_CUTS_HADAMARD = rule(
+    "TP001",
+    "split-cuts-hadamard",
+    E,
+    "TP split would cut a 128-channel Hadamard block",
+    "EXL3 rotates weights in 128-wide Hadamard blocks: a slice boundary that is not a multiple "
+    "of 128 decodes a correct Ŵ but a wrong effective weight (exl3-format.md §6).",
+    "Pick a TP size that divides the size into multiples of 128, or use --mode expert.",
+)
+TP_EMPTY_RANK = rule(
+    "TP002",
+    "split-empty-rank",
+    E,
+    "TP split would give a rank zero channels or zero experts",
+    "A rank without channels (or experts) of a module cannot run its part of the layer.",
+    "Use a smaller TP size, or --mode expert when there are at least as many experts as ranks.",
+)
+TP_REPLICATED = rule(
+    "TP003",
+    "replicated-unsplittable",
+    INFO,
+    "Tensor replicated whole on every rank",
+    "No TP rule applies to it (unknown role, unquantized linear, attention without head "
+    "geometry in config.json), so every rank carries the full tensor.",
+    "Nothing to do unless the memory matters; add num_key_value_heads/head_dim to config.json "
+    "to split attention by KV heads.",
+)
+TP_MISMATCH = rule(
+    "TP004",
+    "slice-bytes-differ",
+    E,
+    "Reassembled slices differ from the source tensor",
+    "Every rank's slice must be exactly the source bytes of its range; a difference means a "
+    "corrupted or wrongly sliced output.",
+    "Re-run `exl3tool slice --force`.",
+)
+TP_COVERAGE = rule(
+    "TP005",
+    "slice-coverage",
+    E,
+    "Slices do not cover the source tensor exactly",
+    "The rank slices of a tensor must be disjoint and cover it (or be whole copies); tensors "
+    "missing from, or unknown to, the slice manifest break the reassembly.",
+    "Re-run `exl3tool slice --force`.",
+)
+TP_FILE_DIGEST = rule(
+    "TP006",
+    "slice-file-digest",
+    E,
+    "Output file missing or its size/digest differs from exl3tool-slices.json",
+    "The manifest pins every output file by size, sha256 and blake3.",
+    "Re-download the affected rank files or re-run the slice.",
+)
+TP_MANIFEST = rule(
+    "TP007",
+    "slice-manifest",
+    E,
+    "exl3tool-slices.json missing or malformed",
+    "Verification reads the slice plan from the manifest (schemas/exl3tool-slices-1.schema.json).",
+    "Point --verify-only at a directory written by `exl3tool slice`.",
+)
+TP_IDENTITY = rule(
+    "TP008",
+    "slice-identity-differs",
+    E,
+    "Logical identity of the reassembled slices differs from the source",
+    "Reassembled tensors must give the same logical identity root as the source "
+    "(exl3tool/identity).",
+    "Re-run `exl3tool slice --force`; check that the source did not change.",
+)
+TP_UNSUPPORTED = rule(
+    "TP009",
+    "slice-unsupported-input",
+    E,
+    "Input cannot be sliced",
+    "Slicing needs a readable EXL3, R7 or MSRT base checkpoint (or a cartridge) without "
+    "container errors; already rank-sliced inputs are not re-sliced.",
+    "Run `exl3tool validate` on the input and fix its errors first.",
+)
+TP_SOURCE_CHANGED = rule(
+    "TP010",
+    "slice-source-changed",
+    E,
+    "Source file changed while slicing or verifying",
+    "A file modified during the pass gives slices of two different versions.",
+    "Do not modify the checkpoint while slicing it; re-run.",
+)

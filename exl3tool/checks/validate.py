@@ -1,0 +1,162 @@
+"""`validate_path`: detect what a path is and run its family's checks (the `validate` library API)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+from exl3tool.checks import checkpoint_rules as ck
+from exl3tool.checks.options import ValidateOptions
+from exl3tool.errors import InputError, UsageError
+from exl3tool.findings import Findings, Location
+from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
+from exl3tool.formats.detect import Kind, detect
+from exl3tool.report.model import ArtifactRef
+
+CHECKPOINT_KINDS = (Kind.EXL3, Kind.R7, Kind.RANK_SLICED, Kind.SAFETENSORS, Kind.MSRT_BASE)
+
+
+def check_readable(path: Path) -> None:
+    """InputError (exit 3) for a path that cannot be read at all."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if not os.access(path, os.R_OK) or (path.is_dir() and not os.access(path, os.X_OK)):
+        raise InputError(f"{path}: permission denied")
+    if not (path.is_dir() or path.is_file()):
+        raise InputError(f"{path}: not a directory or regular file")
+
+
+def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptions) -> dict:
+    if kind is Kind.CARTRIDGE:
+        try:
+            from exl3tool.checks.cartridge import check_cartridge
+        except ModuleNotFoundError as exc:  # only while that family is not built yet
+            raise UsageError("cartridge checks are not available in this build") from exc
+        check_cartridge(path, findings, options)
+        return {}
+    if kind not in CHECKPOINT_KINDS:
+        has_config = path.is_dir() and (path / "config.json").is_file()
+        findings.add(
+            ck.CK_UNKNOWN_KIND,
+            "no tensor_storage, r7_routed_experts, hybrid_tr3_tail, exl3-msrt-base/1 profile "
+            "or adapter_config.json found",
+            file="config.json" if has_config else ".",
+            pointer="/quantization_config" if has_config else None,
+        )
+        return {}
+    ckpt = load_checkpoint(path, findings)
+    extra = _facts(ckpt)
+    if kind is Kind.MSRT_BASE:
+        try:
+            from exl3tool.checks.base import check_base
+        except ModuleNotFoundError as exc:
+            raise UsageError("msrt-base checks are not available in this build") from exc
+        check_base(ckpt, findings, options)
+    elif kind is Kind.R7:
+        from exl3tool.checks.r7 import check_r7
+
+        payload = check_r7(ckpt, findings, options)
+        extra["layers"] = len(payload.by_layer)
+        extra["tiers"] = {str(k): v for k, v in payload.tiers().items()}
+    elif kind is Kind.RANK_SLICED:
+        from exl3tool.checks.rank_sliced import check_rank_sliced
+
+        check_rank_sliced(ckpt, findings, options)
+    else:  # plain EXL3 checkpoint, or one safetensors file of one
+        from exl3tool.checks.exl3 import check_exl3
+
+        check_exl3(ckpt, findings, options)
+    return extra
+
+
+def _facts(ckpt: Checkpoint) -> dict:
+    return {
+        "shards": len(ckpt.shards),
+        "tensors": len(ckpt.tensors),
+        "bytes": sum(r.info.nbytes for r in ckpt.tensors.values()),
+    }
+
+
+def _anchor(path: Path, findings: Findings) -> Findings:
+    """Findings name files relative to the artifact; prefix them with the path the user gave so
+    one report over several artifacts stays unambiguous."""
+    base = path.parent if path.is_file() else path
+    out = Findings()
+    for f in findings:
+        file = f.location.file
+        if file in (None, "", ".") or (path.is_file() and file == path.name):
+            shown = str(path)
+        else:
+            shown = str(base / file)
+        out.extend(
+            [
+                dataclasses.replace(
+                    f, location=Location(shown, f.location.tensor, f.location.pointer)
+                )
+            ]
+        )
+    return out
+
+
+def validate_path(path: Path, options: ValidateOptions) -> tuple[ArtifactRef, Findings]:
+    """Detect the artifact kind of `path` and run its checks. Raises InputError (exit 3) when
+    the path cannot be read at all; every defect of a readable artifact is a finding."""
+    path = Path(path)
+    check_readable(Path(path))
+    start = time.perf_counter()
+    kind = detect(path)
+    findings = Findings()
+    try:
+        extra = _dispatch(path, kind, findings, options)
+    except (PermissionError, IsADirectoryError) as exc:
+        raise InputError(f"{exc.filename or path}: {exc.strerror or exc}") from exc
+    extra["seconds"] = round(time.perf_counter() - start, 3)
+    return ArtifactRef(str(path), kind.value, extra), _anchor(path, findings)
+
+
+# --- `inspect`: what a checkpoint holds (no rules) ------------------------------------------------
+
+
+def describe(path: Path) -> tuple[dict, dict[tuple[int, int, str], int]]:
+    """Facts for `exl3tool inspect`: kind, layers, experts, K histogram per projection, average
+    bits per weight of the routed experts, tier per layer, sizes; and K per (layer, expert, proj)
+    for plots. Rank slices of one projection count once for K and fully for bits per weight."""
+    from collections import Counter
+
+    from exl3tool.checks.checkpoint import expert_table
+    from exl3tool.formats.names import PROJECTIONS
+
+    path = Path(path)
+    check_readable(Path(path))
+    kind = detect(path)
+    info: dict = {"path": str(path), "kind": kind.value}
+    if kind not in CHECKPOINT_KINDS:
+        return info, {}
+    ckpt = load_checkpoint(path, Findings())
+    info.update(_facts(ckpt))
+    info["file_bytes"] = sum(st.file_size for st in ckpt.shards.values())
+    table = expert_table(ckpt.tensors)
+    entries = list(table.plain.items()) + [((k[0], k[1], k[2]), p) for k, p in table.ranked.items()]
+    grid: dict[tuple[int, int, str], int] = {}
+    weights = bits = 0
+    for key, parts in entries:
+        t = parts.get("trellis")
+        if t is None or len(t.info.shape) != 3 or t.info.shape[2] % 16:
+            continue
+        s0, s1, s2 = t.info.shape
+        grid.setdefault(key, s2 // 16)
+        weights += s0 * s1 * 256
+        bits += s0 * s1 * 16 * s2
+    hist: dict[str, Counter] = {p: Counter() for p in PROJECTIONS}
+    per_layer: dict[int, set[int]] = {}
+    for (layer, _e, proj), k in grid.items():
+        hist[proj][k] += 1
+        per_layer.setdefault(layer, set()).add(k)
+    info["layers"] = sorted(per_layer)
+    info["experts"] = len({key[1] for key in grid})
+    info["k_histogram"] = {p: {str(k): n for k, n in sorted(c.items())} for p, c in hist.items()}
+    info["routed_bpw"] = round(bits / weights, 4) if weights else None
+    info["tiers"] = {str(layer): len(ks) for layer, ks in sorted(per_layer.items())}
+    return info, grid

@@ -1,0 +1,171 @@
+"""The release declaration `exl3tool check` runs: exl3tool.toml / [tool.exl3tool] (exl3tool-config/1).
+
+A malformed file (not TOML, unreadable) is a usage error; a well-formed file that breaks the schema
+gives GT001 findings (with a JSON pointer), so that CI shows every mistake at once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from exl3tool.checks.check_rules import GT_CONFIG_SCHEMA
+from exl3tool.errors import UsageError
+from exl3tool.findings import Findings
+from exl3tool.io.strict_json import pointer_join
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    try:
+        import tomli as tomllib
+    except ImportError:  # only reading a config needs it
+        tomllib = None  # type: ignore[assignment]
+
+SCHEMA_ID = "exl3tool-config/1"
+CONFIG_NAME = "exl3tool.toml"
+ROLES = ("checkpoint", "base", "cartridge")
+
+
+def schema_path() -> Path:
+    return Path(__file__).resolve().parents[2] / "schemas" / "exl3tool-config-1.schema.json"
+
+
+@dataclass(frozen=True)
+class ArtifactSpec:
+    """One artifact of a release and what to check on it (None: the config-wide default)."""
+
+    path: str
+    name: str | None = None
+    kind: str | None = None
+    role: str | None = None
+    base: str | None = None
+    identity: str | None = None
+    hash: bool | None = None
+    tp: tuple[int, ...] | None = None
+    verify_swap: bool | tuple[int, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.path
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    artifacts: tuple[ArtifactSpec, ...] = ()
+    hash: bool = True
+    strict: bool = False
+    tp: tuple[int, ...] = ()
+    verify_swap: bool | tuple[int, ...] = False
+    device: str = "cpu"  # where verify-swap runs
+    threads: int | None = None
+    tmp_dir: str | None = None
+    root: Path = field(default_factory=Path)  # relative paths are resolved against it
+    source: Path | None = None  # the file it came from; None when inferred from PATH arguments
+
+    def resolve(self, rel: str) -> Path:
+        p = Path(rel).expanduser()
+        return p if p.is_absolute() else self.root / p
+
+    def with_artifacts(self, extra: list[ArtifactSpec]) -> GateConfig:
+        return replace(self, artifacts=(*self.artifacts, *extra))
+
+
+def _tp(value: Any) -> tuple[int, ...] | None:
+    return None if value is None else tuple(value)
+
+
+def _swap(value: Any) -> bool | tuple[int, ...] | None:
+    return value if value is None or isinstance(value, bool) else tuple(value)
+
+
+def from_mapping(data: Any, *, root: Path, source: Path | None, findings: Findings) -> GateConfig:
+    """Validate `data` against the schema (GT001 per violation) and build the config."""
+    import jsonschema
+
+    label = str(source) if source else "exl3tool config"
+    schema = json.loads(schema_path().read_text(encoding="utf-8"))
+    validator = jsonschema.Draft202012Validator(schema)
+    bad = False
+    for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        bad = True
+        pointer = ""
+        for part in err.absolute_path:
+            pointer = pointer_join(pointer, str(part))
+        findings.add(GT_CONFIG_SCHEMA, err.message, file=label, pointer=pointer or "/")
+    if bad:
+        return GateConfig(root=root, source=source)
+    assert isinstance(data, dict)
+    arts = []
+    seen: dict[str, int] = {}
+    for i, a in enumerate(data.get("artifacts", [])):
+        spec = ArtifactSpec(
+            path=a["path"],
+            name=a.get("name"),
+            kind=a.get("kind"),
+            role=a.get("role"),
+            base=a.get("base"),
+            identity=a.get("identity"),
+            hash=a.get("hash"),
+            tp=_tp(a.get("tp")),
+            verify_swap=_swap(a.get("verify_swap")),
+        )
+        if spec.label in seen:
+            findings.add(
+                GT_CONFIG_SCHEMA,
+                f"artifact name {spec.label!r} is used twice (artifacts {seen[spec.label]} and {i})",
+                file=label,
+                pointer=f"/artifacts/{i}/name",
+            )
+        seen[spec.label] = i
+        arts.append(spec)
+    return GateConfig(
+        artifacts=tuple(arts),
+        hash=data.get("hash", True),
+        strict=data.get("strict", False),
+        tp=tuple(data.get("tp", ())),
+        verify_swap=_swap(data.get("verify_swap", False)),  # type: ignore[arg-type]
+        device=data.get("device", "cpu"),
+        threads=data.get("threads"),
+        tmp_dir=data.get("tmp_dir"),
+        root=root,
+        source=source,
+    )
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
+        raise UsageError("reading exl3tool.toml on Python 3.10 needs tomli: pip install tomli")
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"config {path} is not valid TOML: {exc}") from None
+
+
+def load_config(path: Path, findings: Findings) -> GateConfig:
+    """Load exl3tool.toml, or the [tool.exl3tool] table of a pyproject.toml."""
+    path = Path(path)
+    data: Any = _read_toml(path)
+    if path.name == "pyproject.toml":
+        data = data.get("tool", {}).get("exl3tool")
+        if data is None:
+            raise UsageError(f"{path} has no [tool.exl3tool] table")
+    return from_mapping(data, root=path.resolve().parent, source=path, findings=findings)
+
+
+def discover(cwd: Path) -> Path | None:
+    """exl3tool.toml in `cwd`, else a pyproject.toml there that has a [tool.exl3tool] table."""
+    candidate = cwd / CONFIG_NAME
+    if candidate.is_file():
+        return candidate
+    pyproject = cwd / "pyproject.toml"
+    if pyproject.is_file() and "exl3tool" in _read_toml(pyproject).get("tool", {}):
+        return pyproject
+    return None

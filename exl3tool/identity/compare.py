@@ -1,0 +1,260 @@
+"""Compare identities: `identity --check` findings and `diff` results (both over JSON documents)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exl3tool.checks import identity_rules as ir
+from exl3tool.errors import InputError
+from exl3tool.findings import Findings
+from exl3tool.formats.exl3 import k_of_last_dim
+from exl3tool.identity.compat import ROOT_SCHEMA, CompatIdentity
+from exl3tool.identity.engine import ALGORITHMS
+from exl3tool.identity.fast import OTHER, SCHEMA, Identity, parse_layers
+from exl3tool.io.jsonfile import read_json
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_hex(v: Any, n: int = 64) -> bool:
+    return isinstance(v, str) and len(v) == n and set(v) <= _HEX
+
+
+def _hex_map(v: Any) -> bool:
+    return isinstance(v, dict) and all(_is_hex(d) for d in v.values())
+
+
+def record_problem(doc: Any) -> str | None:
+    """Why `doc` is not a usable exl3tool-identity/1 document (None when it is)."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    if doc.get("schema") != SCHEMA:
+        return f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}"
+    if doc.get("algorithm") not in ALGORITHMS:
+        return f"algorithm {doc.get('algorithm')!r} is not one of {', '.join(ALGORITHMS)}"
+    for key in ("tensors", "layers"):
+        if not _hex_map(doc.get(key)):
+            return f"{key!r} must map names to 64-digit lower-case hex digests"
+    if not _is_hex(doc.get("root")):
+        return "'root' must be a 64-digit lower-case hex digest"
+    sel = doc.get("selection")
+    if sel is not None:
+        if not isinstance(sel, str):
+            return "'selection' must be a --layers spec string"
+        try:
+            parse_layers(sel)
+        except Exception:
+            return f"'selection' {sel!r} is not a --layers spec"
+    c = doc.get("compatibility")
+    if c is not None and not (
+        isinstance(c, dict)
+        and c.get("schema") == ROOT_SCHEMA
+        and _hex_map(c.get("layers"))
+        and _is_hex(c.get("root"))
+    ):
+        return f"'compatibility' is not a {ROOT_SCHEMA} block"
+    return None
+
+
+def load_record(path: Path, findings: Findings) -> dict[str, Any] | None:
+    """Read an identity document; every defect is an ID009/JS finding."""
+    try:
+        doc = read_json(path, findings, str(path))
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror or exc}") from exc
+    if doc is None:
+        if not any(f.location.file == str(path) for f in findings):
+            findings.add(ir.ID_FILE, "cannot be read", file=str(path))
+        return None
+    problem = record_problem(doc)
+    if problem:
+        findings.add(ir.ID_FILE, problem, file=str(path))
+        return None
+    return doc
+
+
+def problem_findings(ident: Identity, findings: Findings, label: str) -> None:
+    """Reassembly defects of the artifact itself (ID007/ID008)."""
+    for p in ident.problems:
+        r = ir.ID_REPLICA if p.kind == "replica" else ir.ID_SLICES
+        findings.add(r, p.message, file=label, tensor=p.tensor)
+
+
+def check(recorded: dict[str, Any], ident: Identity, findings: Findings, label: str) -> None:
+    """Report every tensor, layer, root and compatibility difference as a finding."""
+    cur = ident.to_json()
+    rt, ct = recorded["tensors"], cur["tensors"]
+    rtypes, ctypes = recorded.get("types") or {}, cur["types"]
+    for name in sorted(rt.keys() | ct.keys()):
+        if name not in ct:
+            findings.add(ir.ID_TENSOR_MISSING, "recorded but absent", file=label, tensor=name)
+        elif name not in rt:
+            findings.add(ir.ID_TENSOR_UNEXPECTED, "not in the record", file=label, tensor=name)
+        else:
+            if rt[name] != ct[name]:
+                findings.add(
+                    ir.ID_TENSOR_DIGEST,
+                    f"{cur['algorithm']} {ct[name]}, recorded {rt[name]}",
+                    file=label,
+                    tensor=name,
+                )
+            if name in rtypes and rtypes[name] != ctypes[name]:
+                a, b = rtypes[name], ctypes[name]
+                findings.add(
+                    ir.ID_TENSOR_TYPE,
+                    f"{b.get('dtype')}{b.get('shape')}, recorded "
+                    f"{a.get('dtype') if isinstance(a, dict) else a}"
+                    f"{a.get('shape') if isinstance(a, dict) else ''}",
+                    file=label,
+                    tensor=name,
+                )
+    rl, cl = recorded["layers"], cur["layers"]
+    for key in sorted(
+        rl.keys() | cl.keys(), key=lambda k: (k == OTHER, int(k) if k.isdigit() else 0)
+    ):
+        if rl.get(key) != cl.get(key):
+            what = (
+                "absent from the artifact"
+                if key not in cl
+                else "not in the record"
+                if key not in rl
+                else f"{cl[key]}, recorded {rl[key]}"
+            )
+            findings.add(ir.ID_LAYER_DIGEST, f"layer {key}: {what}", file=label)
+    if recorded["root"] != cur["root"]:
+        findings.add(ir.ID_ROOT, f"{cur['root']}, recorded {recorded['root']}", file=label)
+    rc, cc = recorded.get("compatibility"), cur.get("compatibility")
+    if rc is not None:
+        if cc is None:
+            findings.add(ir.ID_COMPAT, "recorded, but the experts no longer qualify", file=label)
+        else:
+            for key in sorted(rc["layers"].keys() | cc["layers"].keys()):
+                if rc["layers"].get(key) != cc["layers"].get(key):
+                    findings.add(ir.ID_COMPAT, f"layer {key} differs", file=label)
+            if (rc.get("k"), rc["root"]) != (cc["k"], cc["root"]):
+                findings.add(
+                    ir.ID_COMPAT,
+                    f"root {cc['root']} (k={cc['k']}), recorded {rc['root']} (k={rc.get('k')})",
+                    file=label,
+                )
+
+
+def published_findings(config: Any, compat: CompatIdentity | None, findings: Findings) -> None:
+    """ID012: an MSRT base's published §6 identity against the one its bytes give."""
+    tail = config.get("hybrid_tr3_tail") if isinstance(config, dict) else None
+    if not isinstance(tail, dict) or compat is None or compat.root is None:
+        return
+    pub_layers = tail.get("compatibility_by_layer")
+    if isinstance(pub_layers, dict):
+        for key in sorted(pub_layers.keys() | compat.layers.keys()):
+            if pub_layers.get(key) != compat.layers.get(key):
+                findings.add(
+                    ir.ID_PUBLISHED_COMPAT,
+                    f"layer {key}: published {pub_layers.get(key)}, bytes give "
+                    f"{compat.layers.get(key)}",
+                    file="config.json",
+                    pointer=f"/hybrid_tr3_tail/compatibility_by_layer/{key}",
+                )
+    pub_root = tail.get("compatibility_sha256")
+    if pub_root != compat.root:
+        findings.add(
+            ir.ID_PUBLISHED_COMPAT,
+            f"published {pub_root}, bytes give {compat.root}",
+            file="config.json",
+            pointer="/hybrid_tr3_tail/compatibility_sha256",
+        )
+
+
+@dataclass
+class Diff:
+    """What differs between identities A and B."""
+
+    algorithm: str
+    roots: tuple[str, str]
+    layers_changed: list[str] = field(default_factory=list)
+    layers_only_a: list[str] = field(default_factory=list)
+    layers_only_b: list[str] = field(default_factory=list)
+    tensors_changed: list[str] = field(default_factory=list)
+    tensors_only_a: list[str] = field(default_factory=list)
+    tensors_only_b: list[str] = field(default_factory=list)
+    types_changed: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    k_changed: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # trellis prefix -> Ks
+    compat: tuple[Any, Any] = (None, None)  # (k, root) of each side
+
+    @property
+    def identical(self) -> bool:
+        return self.roots[0] == self.roots[1] and self.compat[0] == self.compat[1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": "exl3tool-diff/1",
+            "algorithm": self.algorithm,
+            "identical": self.identical,
+            "root": {"a": self.roots[0], "b": self.roots[1]},
+            "layers": {
+                "changed": self.layers_changed,
+                "only_a": self.layers_only_a,
+                "only_b": self.layers_only_b,
+            },
+            "tensors": {
+                "changed": self.tensors_changed,
+                "only_a": self.tensors_only_a,
+                "only_b": self.tensors_only_b,
+                "type_changed": {n: {"a": a, "b": b} for n, (a, b) in self.types_changed.items()},
+            },
+            "k": {n: {"a": a, "b": b} for n, (a, b) in self.k_changed.items()},
+            "compatibility": {
+                "a": _compat_json(self.compat[0]),
+                "b": _compat_json(self.compat[1]),
+            },
+        }
+
+
+def _compat_json(c: Any) -> Any:
+    return None if c is None else {"k": c[0], "root": c[1]}
+
+
+def _k(t: Any) -> Any:
+    shape = t.get("shape") if isinstance(t, dict) else None
+    if isinstance(shape, list) and len(shape) == 3 and isinstance(shape[-1], int):
+        return k_of_last_dim(shape[-1])
+    return None
+
+
+def _layer_sort(k: str) -> tuple[bool, int]:
+    return (k == OTHER, int(k) if k.isdigit() else 0)
+
+
+def diff(a: dict[str, Any], b: dict[str, Any]) -> Diff:
+    """Differences between two identity documents of the same algorithm."""
+    out = Diff(a["algorithm"], (a["root"], b["root"]))
+    la, lb = a["layers"], b["layers"]
+    out.layers_only_a = sorted(la.keys() - lb.keys(), key=_layer_sort)
+    out.layers_only_b = sorted(lb.keys() - la.keys(), key=_layer_sort)
+    out.layers_changed = sorted(
+        (k for k in la.keys() & lb.keys() if la[k] != lb[k]), key=_layer_sort
+    )
+    ta, tb = a["tensors"], b["tensors"]
+    ya, yb = a.get("types") or {}, b.get("types") or {}
+    out.tensors_only_a = sorted(ta.keys() - tb.keys())
+    out.tensors_only_b = sorted(tb.keys() - ta.keys())
+    both = sorted(ta.keys() & tb.keys())
+    out.tensors_changed = [n for n in both if ta[n] != tb[n]]
+    for n in both:
+        if n in ya and n in yb and ya[n] != yb[n]:
+            out.types_changed[n] = (ya[n], yb[n])
+    for n in sorted(ta.keys() | tb.keys()):
+        prefix, last = n.rsplit(".", 1) if "." in n else ("", n)
+        if last != "trellis" and not last.startswith("trellis_"):
+            continue
+        ka, kb = _k(ya.get(n)), _k(yb.get(n))
+        if ka != kb:
+            out.k_changed[prefix if last == "trellis" else n] = (ka, kb)
+    ca, cb = a.get("compatibility"), b.get("compatibility")
+    out.compat = (
+        None if ca is None else (ca.get("k"), ca["root"]),
+        None if cb is None else (cb.get("k"), cb["root"]),
+    )
+    return out

@@ -1,0 +1,209 @@
+"""The runtime-compatible MSRT base identity (msrt-cartridge-format.md §6), always sha256.
+
+layer  = sha256(canonical_json({"schema": "fq-msrt-base-layer-compatibility/1", "k": K,
+                                "layer": L, "tensors": [records sorted by name]}))
+root   = sha256(canonical_json({"schema": "fq-msrt-base-compatibility/2", "k": K,
+                                "layers": {"<L>": layer, ...}}))
+
+Records are over LOGICAL routed-expert tensors (`.rank0` removed); a legacy rank-sliced artifact
+is reassembled logically first (`identity.logical`), so the identity is layout-free (§6.2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.formats.exl3 import MCG_MARKER, k_of_last_dim
+from exl3tool.formats.names import PROJECTIONS, parse_expert
+from exl3tool.io.strict_json import canonical_json
+
+LAYER_SCHEMA = "fq-msrt-base-layer-compatibility/1"
+ROOT_SCHEMA = "fq-msrt-base-compatibility/2"
+COMPONENTS = ("trellis", "suh", "svh", "mcg")
+K_RANGE = range(2, 7)  # §6.2: k is an int 2..6
+MCG_BYTES = MCG_MARKER.to_bytes(4, "little", signed=True)  # ed1faccb
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the identity is incomplete or not runtime-compatible (the caller picks a rule)."""
+
+    message: str
+    tensor: str | None = None
+    layer: int | None = None
+
+
+@dataclass
+class CompatIdentity:
+    k: int | None
+    layers: dict[str, str] = field(default_factory=dict)
+    root: str | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": ROOT_SCHEMA, "k": self.k, "layers": self.layers, "root": self.root}
+
+
+def tensor_record(name: str, dtype: str, shape: Iterable[int], sha256: str) -> dict[str, Any]:
+    """§6.1 record of one logical tensor."""
+    return {"name": name, "dtype": dtype, "shape": list(shape), "sha256": sha256}
+
+
+def layer_digest(layer: int, k: int, records: Iterable[Mapping[str, Any]]) -> str:
+    """§6.2 per-layer digest; records are sorted by name here."""
+    body = {
+        "schema": LAYER_SCHEMA,
+        "k": k,
+        "layer": int(layer),
+        "tensors": sorted((dict(r) for r in records), key=lambda r: r["name"]),
+    }
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def root_digest(k: int, layers: Mapping[str | int, str]) -> str:
+    """§6.2 root; canonical JSON sorts the layer keys as strings ("10" < "3")."""
+    body = {"schema": ROOT_SCHEMA, "k": k, "layers": {str(L): d for L, d in layers.items()}}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def _uniform_k(ks: set[Any], k: int | None, problems: list[Problem]) -> int | None:
+    if not ks:
+        problems.append(Problem("no routed-expert trellis tensors"))
+        return k
+    if None in ks:
+        problems.append(Problem("a trellis has no valid K (last dim is not 16*K)"))
+        ks = ks - {None}
+    if len(ks) > 1:
+        problems.append(Problem(f"experts do not share one K: {sorted(ks, key=float)}"))
+        return k
+    (found,) = ks or {None}
+    if k is not None and found is not None and found != k:
+        problems.append(Problem(f"K {k} was asked for but the experts have K {found}"))
+        return k
+    if not isinstance(found, int) or found not in K_RANGE:
+        problems.append(Problem(f"K {found} is outside the identity's int range 2..6"))
+        return k
+    return found
+
+
+def _check_components(
+    by_linear: dict[tuple[int, int], dict[str, dict[str, Any]]], problems: list[Problem]
+) -> None:
+    """§6.1: every expert has all three projections with all four components."""
+    for (layer, expert), projs in sorted(by_linear.items()):
+        for proj in PROJECTIONS:
+            prefix = f"model.layers.{layer}.mlp.experts.{expert}.{proj}"
+            parts = projs.get(proj, {})
+            missing = [c for c in COMPONENTS if c not in parts]
+            if missing:
+                problems.append(
+                    Problem(f"{prefix} lacks {', '.join(missing)}", tensor=prefix, layer=layer)
+                )
+            spec = {"trellis": ("I16", 3), "suh": ("F16", 1), "svh": ("F16", 1), "mcg": ("I32", 0)}
+            for comp, rec in parts.items():
+                dtype, ndim = spec[comp]
+                if rec["dtype"] != dtype or len(rec["shape"]) != ndim:
+                    problems.append(
+                        Problem(
+                            f"{comp} is {rec['dtype']}{rec['shape']}, the identity expects "
+                            f"{dtype} with {ndim} dimensions",
+                            tensor=rec["name"],
+                            layer=layer,
+                        )
+                    )
+
+
+@dataclass
+class CompatPlan:
+    """What the §6 identity will hash: the chosen logical tensors, K, and problems so far."""
+
+    tensors: list[Any]  # logical.LogicalTensor, routed-expert components only
+    k: int | None
+    problems: list[Problem]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+def prepare(plan: Any, k: int | None = None) -> CompatPlan:
+    """Select the routed-expert components of a `logical.LogicalPlan` and check §6.1 structure."""
+    problems = [Problem(p.message, p.tensor, p.layer) for p in plan.problems]
+    chosen: list[Any] = []
+    ks: set[Any] = set()
+    by_linear: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    for lt in plan.tensors.values():
+        en = parse_expert(lt.name)
+        if en is None:
+            continue
+        if en.field not in COMPONENTS:
+            problems.append(
+                Problem(
+                    f"{en.field} is not a component of an MSRT base expert",
+                    tensor=lt.name,
+                    layer=en.layer,
+                )
+            )
+            continue
+        chosen.append(lt)
+        rec = tensor_record(lt.name, lt.dtype, lt.shape, "")
+        by_linear.setdefault((en.layer, en.expert), {}).setdefault(en.proj, {})[en.field] = rec
+        if en.field == "trellis":
+            ks.add(k_of_last_dim(lt.shape[-1]) if len(lt.shape) == 3 else None)
+    _check_components(by_linear, problems)
+    return CompatPlan(chosen, _uniform_k(ks, k, problems), problems)
+
+
+def compat_identity(
+    ckpt: Checkpoint | None,
+    *,
+    k: int | None = None,
+    threads: int | None = None,
+    progress: Any = None,
+    plan: Any = None,
+    sha256: Mapping[str, str] | None = None,
+) -> CompatIdentity:
+    """Compute the §6 identity from the routed-expert tensors of a checkpoint.
+
+    Works for an MSRT base (`.rank0.` names), a plain EXL3/R7 artifact whose experts have a
+    uniform K, and a legacy rank-sliced artifact (slices are reassembled). Defects become
+    `problems`; digests are still computed for what is present when K is known.
+    `plan` reuses an `identity.logical.LogicalPlan` (then `ckpt` may be None); `sha256` reuses
+    payload digests already computed by logical name.
+    """
+    from exl3tool.identity.engine import hash_segments
+    from exl3tool.identity.logical import build_plan
+
+    if plan is None:
+        assert ckpt is not None
+        plan = build_plan(ckpt)
+    cp = prepare(plan, k)
+    ident = CompatIdentity(cp.k, problems=cp.problems)
+    if cp.k is None or not cp.tensors:
+        return ident
+    known = dict(sha256 or {})
+    todo = [lt for lt in cp.tensors if lt.name not in known]
+    known.update(
+        hash_segments(((lt.name, lt.segments) for lt in todo), "sha256", threads, progress)
+    )
+    records: dict[int, list[dict[str, Any]]] = {}
+    for lt in cp.tensors:
+        en = parse_expert(lt.name)
+        assert en is not None
+        if en.field == "mcg" and lt.nbytes == 4 and known[lt.name] != _MCG_SHA:
+            cp.problems.append(
+                Problem("mcg marker is not 0xCBAC1FED", tensor=lt.name, layer=en.layer)
+            )
+        records.setdefault(en.layer, []).append(
+            tensor_record(lt.name, lt.dtype, lt.shape, known[lt.name])
+        )
+    ident.layers = {str(L): layer_digest(L, cp.k, recs) for L, recs in sorted(records.items())}
+    ident.root = root_digest(cp.k, ident.layers)
+    return ident
+
+
+_MCG_SHA = hashlib.sha256(MCG_BYTES).hexdigest()

@@ -1,0 +1,191 @@
+"""exl3tool's own logical identity of any artifact (schemas/exl3tool-identity-1.schema.json).
+
+tensor = H(logical payload bytes)                       H = blake3 (default) or sha256
+layer  = H(b"exl3tool-identity/1:layer\\n" + canonical_json(
+           {"algorithm": A, "layer": "<L>", "tensors": [[name, dtype, shape, tensor], ...]}))
+root   = H(b"exl3tool-identity/1:root\\n" + canonical_json({"algorithm": A, "layers": {L: layer}}))
+
+Tensors are listed by logical name (rank segments removed, slices reassembled; `logical`),
+so file names, shard boundaries, header layout and TP slicing do not enter any digest. Tensors
+outside `layers.<N>.` belong to the pseudo-layer "other".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from exl3tool.errors import UsageError
+from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.formats.names import layer_of
+from exl3tool.identity.engine import check_algo, hash_segments, new_hasher, tensor_segment
+from exl3tool.identity.logical import LogicalPlan, PlanProblem, build_plan
+from exl3tool.io.strict_json import canonical_json
+
+SCHEMA = "exl3tool-identity/1"
+LAYER_DOMAIN = b"exl3tool-identity/1:layer\n"
+ROOT_DOMAIN = b"exl3tool-identity/1:root\n"
+OTHER = "other"
+
+
+@dataclass(frozen=True)
+class TensorDigest:
+    dtype: str
+    shape: tuple[int, ...]
+    digest: str
+
+
+@dataclass
+class Identity:
+    algorithm: str
+    tensors: dict[str, TensorDigest] = field(default_factory=dict)  # logical name -> digest
+    layers: dict[str, str] = field(default_factory=dict)
+    root: str = ""
+    selection: str | None = None  # the --layers spec, when only some layers were hashed
+    compatibility: Any = None  # compat.CompatIdentity when the experts qualify
+    problems: list[PlanProblem] = field(default_factory=list)
+
+    def layer_tensors(self, key: str) -> list[str]:
+        return [n for n in self.tensors if layer_key(n) == key]
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "schema": SCHEMA,
+            "algorithm": self.algorithm,
+            "tensors": {n: t.digest for n, t in self.tensors.items()},
+            "types": {
+                n: {"dtype": t.dtype, "shape": list(t.shape)} for n, t in self.tensors.items()
+            },
+            "layers": dict(self.layers),
+            "root": self.root,
+        }
+        if self.selection is not None:
+            doc["selection"] = self.selection
+        if self.compatibility is not None and self.compatibility.root is not None:
+            doc["compatibility"] = self.compatibility.to_json()
+        return doc
+
+
+def layer_key(name: str) -> str:
+    layer = layer_of(name)
+    return OTHER if layer is None else str(layer)
+
+
+def _key_order(key: str) -> tuple[int, int]:
+    return (1, 0) if key == OTHER else (0, int(key))
+
+
+def parse_layers(spec: str) -> frozenset[str]:
+    """`3-5,7,other` -> {"3", "4", "5", "7", "other"}."""
+    out: set[str] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if part == OTHER:
+            out.add(OTHER)
+            continue
+        lo, sep, hi = part.partition("-")
+        if not (lo.isdigit() and (not sep or hi.isdigit())) or (sep and int(hi) < int(lo)):
+            raise UsageError(f"--layers {spec!r}: expected e.g. 3-5,7 or other")
+        out.update(str(i) for i in range(int(lo), int(hi if sep else lo) + 1))
+    return frozenset(out)
+
+
+def layer_digest(algo: str, key: str, entries: list[tuple[str, TensorDigest]]) -> str:
+    body = {
+        "algorithm": algo,
+        "layer": key,
+        "tensors": [[n, t.dtype, list(t.shape), t.digest] for n, t in sorted(entries)],
+    }
+    h = new_hasher(algo)
+    h.update(LAYER_DOMAIN + canonical_json(body))
+    return h.hexdigest()
+
+
+def root_digest(algo: str, layers: Mapping[str, str]) -> str:
+    h = new_hasher(algo)
+    h.update(ROOT_DOMAIN + canonical_json({"algorithm": algo, "layers": dict(layers)}))
+    return h.hexdigest()
+
+
+def fold(algo: str, tensors: Mapping[str, TensorDigest]) -> tuple[dict[str, str], str]:
+    """Layer digests (ordered by layer number, "other" last) and the root of tensor digests."""
+    groups: dict[str, list[tuple[str, TensorDigest]]] = {}
+    for name, t in tensors.items():
+        groups.setdefault(layer_key(name), []).append((name, t))
+    layers = {k: layer_digest(algo, k, groups[k]) for k in sorted(groups, key=_key_order)}
+    return layers, root_digest(algo, layers)
+
+
+def select(plan: LogicalPlan, layers: Collection[str] | None) -> LogicalPlan:
+    """The part of a plan in `layers` (all of it for None)."""
+    if layers is None:
+        return plan
+    keep = {n: t for n, t in plan.tensors.items() if layer_key(n) in layers}
+    reps = {n: r for n, r in plan.replicas.items() if n in keep}
+    probs = [p for p in plan.problems if p.tensor is None or layer_key(p.tensor) in layers]
+    return LogicalPlan(keep, reps, probs, plan.world_size)
+
+
+def planned_bytes(plan: LogicalPlan, algo: str, compat: bool | None = None) -> int:
+    """Bytes `compute_identity` will hash for this (selected) plan: sizes a progress bar."""
+    from exl3tool.identity.compat import prepare
+
+    n = plan.nbytes + sum(r.info.nbytes for refs in plan.replicas.values() for r in refs)
+    if algo != "sha256" and compat is not False:
+        cp = prepare(plan)
+        if cp.k is not None and (compat or not cp.problems):
+            n += cp.nbytes
+    return n
+
+
+def compute_identity(
+    ckpt: Checkpoint | None,
+    *,
+    algo: str = "blake3",
+    layers: Collection[str] | None = None,
+    selection: str | None = None,
+    threads: int | None = None,
+    progress: Any = None,
+    compat: bool | None = None,
+    plan: LogicalPlan | None = None,
+) -> Identity:
+    """Hash every logical tensor of `ckpt` (only `layers` when given) and fold the digests.
+
+    `compat`: None adds the MSRT compatibility block when the experts qualify, True adds it
+    whenever K is known (problems kept in it), False skips it. With `algo="sha256"` it costs
+    nothing: the tensor digests are reused. `plan` replaces `ckpt` when already built.
+    """
+    check_algo(algo)
+    if plan is None:
+        assert ckpt is not None
+        plan = build_plan(ckpt)
+    plan = select(plan, layers)
+    jobs: list[tuple[Any, Any]] = [(n, t.segments) for n, t in plan.tensors.items()]
+    for name, refs in plan.replicas.items():
+        jobs += [((name, i), (tensor_segment(r.shard, r.info),)) for i, r in enumerate(refs)]
+    digests = hash_segments(jobs, algo, threads, progress)
+    ident = Identity(algo, selection=selection, problems=list(plan.problems))
+    ident.tensors = {n: TensorDigest(t.dtype, t.shape, digests[n]) for n, t in plan.tensors.items()}
+    for name, refs in plan.replicas.items():
+        lt = plan.tensors[name]
+        for i, r in enumerate(refs):
+            same = (r.info.dtype, r.info.shape) == (lt.dtype, lt.shape)
+            if not same or digests[(name, i)] != digests[name]:
+                ident.problems.append(
+                    PlanProblem(
+                        f"replicated copy {r.name} in {r.file} differs from rank 0's copy",
+                        tensor=name,
+                        layer=layer_of(name),
+                        kind="replica",
+                    )
+                )
+    ident.layers, ident.root = fold(algo, ident.tensors)
+    if compat is not False:
+        from exl3tool.identity.compat import compat_identity
+
+        sha = {n: t.digest for n, t in ident.tensors.items()} if algo == "sha256" else None
+        c = compat_identity(None, threads=threads, progress=progress, plan=plan, sha256=sha)
+        if c.root is not None and (compat or not c.problems):
+            ident.compatibility = c
+    return ident

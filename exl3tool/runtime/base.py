@@ -1,0 +1,160 @@
+"""The MSRT base as one TP rank holds it: its slice of every routed expert, decoded once.
+
+An `exl3-msrt-base/1` base stores rank0 full logical tensors (msrt-cartridge-format.md §5); each
+rank slices its part at load (gate/up column-parallel on the expert intermediate axis, down
+row-parallel, exl3-format.md §6) from the TP plan's ranges, and keeps only that slice: trellis,
+the matching suh/svh and the decoded `W_eff`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from exl3tool.cartridge import spec
+from exl3tool.errors import InputError
+from exl3tool.findings import Findings
+from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
+from exl3tool.formats.names import PROJECTIONS
+from exl3tool.io.views import TensorReader
+from exl3tool.runtime.linear import Exl3Linear
+from exl3tool.tp import linear as tp_linear
+from exl3tool.tp import ranges as tp_ranges
+
+# column-parallel projections split the output axis; down splits its input axis (§3, §8)
+COLUMN_PARALLEL = ("gate_proj", "up_proj")
+TP_FIELDS = ("trellis", "suh", "svh")
+
+
+def local_range(intermediate: int, rank: int, world_size: int) -> tuple[int, int]:
+    """This rank's intermediate channels [first, last), from the TP plan (128-aligned)."""
+    return tp_ranges.intermediate_ranges(intermediate, world_size)[rank]
+
+
+def role(proj: str) -> str:
+    return "column" if proj in COLUMN_PARALLEL else "row"
+
+
+def slice_linear(
+    proj: str, arrays: dict[str, np.ndarray], first: int, last: int
+) -> dict[str, np.ndarray]:
+    """One rank's numpy views of a linear's fields, cut by the TP plan (exl3-format.md §6)."""
+    return tp_linear.slice_linear(arrays, role(proj), first, last)
+
+
+def local_trellis(proj: str, trellis: np.ndarray, first: int, last: int) -> np.ndarray:
+    """A stage trellis's local part (stages carry no suh/svh: rotation reuse, §1.1)."""
+    return slice_linear(proj, {"trellis": trellis}, first, last)["trellis"]
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    """A private contiguous copy (the mmap stays read-only and may be closed later)."""
+    return torch.from_numpy(np.ascontiguousarray(a).copy())
+
+
+@dataclass
+class BaseLinear:
+    trellis: torch.Tensor  # int16, this rank's slice
+    suh: torch.Tensor  # fp16, this rank's slice
+    svh: torch.Tensor
+    linear: Exl3Linear
+
+
+@dataclass
+class BaseModel:
+    """Everything of the base that one rank holds."""
+
+    path: Path
+    config: dict[str, Any]
+    hidden: int
+    intermediate: int
+    num_experts: int
+    topk: int
+    k: int
+    rank: int
+    world_size: int
+    first: int  # local intermediate range
+    last: int
+    layers: list[int]
+    linears: dict[int, dict[tuple[int, str], BaseLinear]] = field(default_factory=dict)
+    routers: dict[int, torch.Tensor | None] = field(default_factory=dict)
+
+    @property
+    def root_sha256(self) -> str | None:
+        return (self.config.get("hybrid_tr3_tail") or {}).get("compatibility_sha256")
+
+    def rotations(self, layer: int) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+        return {key: (b.suh, b.svh) for key, b in self.linears[layer].items()}
+
+
+def open_base(path: Path) -> tuple[Checkpoint, dict[str, Any]]:
+    findings = Findings()
+    ckpt = load_checkpoint(Path(path), findings)
+    cfg = ckpt.config
+    if findings.has_errors() or not isinstance(cfg, dict):
+        first = findings.errors()[0].message if findings.errors() else "no config.json"
+        raise InputError(f"{path}: not a readable MSRT base ({first})")
+    return ckpt, cfg
+
+
+def base_geometry(cfg: dict[str, Any], path: Path) -> tuple[int, int, int, int, int, list[int]]:
+    """(hidden, intermediate, experts, top-k, K, MoE layers) of an exl3-msrt-base/1 config."""
+    hidden, inter, experts = spec.base_sizes(cfg)
+    tail = cfg.get("hybrid_tr3_tail")
+    if None in (hidden, inter, experts) or not isinstance(tail, dict):
+        raise InputError(f"{path}: config.json lacks the MSRT base sizes or hybrid_tr3_tail (§5)")
+    topk = cfg.get("num_experts_per_tok")
+    topk = topk if type(topk) is int and topk > 0 else 8
+    k = tail.get("bits")
+    layers = tail.get("moe_layer_coverage")
+    if not isinstance(layers, list) or not all(type(x) is int for x in layers):
+        raise InputError(f"{path}: hybrid_tr3_tail.moe_layer_coverage is not a list of layers")
+    return hidden, inter, experts, min(topk, experts), int(k), sorted(layers)
+
+
+def load_base(
+    path: Path,
+    layers: list[int],
+    rank: int,
+    world_size: int,
+    device: torch.device,
+) -> BaseModel:
+    """Read, slice and decode the selected layers' routed experts for this rank."""
+    ckpt, cfg = open_base(Path(path))
+    hidden, inter, experts, topk, k, moe_layers = base_geometry(cfg, Path(path))
+    first, last = local_range(inter, rank, world_size)
+    model = BaseModel(
+        Path(path), cfg, hidden, inter, experts, topk, k, rank, world_size, first, last, layers
+    )
+    with TensorReader() as rd:
+
+        def arr(name: str) -> np.ndarray:
+            ref = ckpt.tensors.get(name)
+            if ref is None:
+                raise InputError(f"{path}: base tensor {name} is missing")
+            return rd.array(ref.shard, ref.info)
+
+        for layer in layers:
+            if layer not in moe_layers:
+                raise InputError(f"{path}: layer {layer} is not an MoE layer of this base")
+            held: dict[tuple[int, str], BaseLinear] = {}
+            for e in range(experts):
+                for proj in PROJECTIONS:
+                    fields = {c: arr(spec.base_key(layer, e, proj, c)) for c in TP_FIELDS}
+                    cut = slice_linear(proj, fields, first, last)
+                    tt, tsu, tsv = (to_torch(cut[c]) for c in TP_FIELDS)
+                    held[(e, proj)] = BaseLinear(
+                        tt, tsu.to(device), tsv.to(device), Exl3Linear.decode(tt, tsu, tsv, device)
+                    )
+            model.linears[layer] = held
+            router = ckpt.tensors.get(f"model.layers.{layer}.mlp.gate.weight")
+            model.routers[layer] = (
+                to_torch(rd.array(router.shard, router.info)).to(torch.float16).to(device)
+                if router is not None
+                else None
+            )
+    return model

@@ -1,0 +1,178 @@
+"""Tensor parallelism of the reference runtime: one process per rank, torch.distributed collectives.
+
+* gloo on CPU, NCCL on CUDA (one GPU per rank, `cuda:LOCAL_RANK`);
+* launched locally (`launch_local`: torch.multiprocessing spawn, a free port on 127.0.0.1 only) or
+  externally by `torchrun` (`from_env`: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so
+  the same code runs across hosts;
+* partial fp32 outputs (row-parallel down projections) are summed with `all_reduce`.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from exl3tool.errors import Exl3ToolError
+
+
+@dataclass
+class Comm:
+    """This process's place in the TP group; with world_size 1 every collective is the identity."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.distributed:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def all_true(self, ok: bool) -> bool:
+        """True on every rank only if `ok` is true on every rank (staging/transaction agreement)."""
+        if not self.distributed:
+            return ok
+        t = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's equally shaped tensor, in rank order (bytes, so any dtype travels exactly)."""
+        if not self.distributed:
+            return [t]
+        raw = t.contiguous().view(torch.uint8).reshape(-1)
+        parts = [torch.empty_like(raw) for _ in range(self.world_size)]
+        dist.all_gather(parts, raw)
+        return [p.view(t.dtype).view(t.shape) for p in parts]
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's picklable object, in rank order, on every rank."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def rank_device(device: str, local_rank: int) -> torch.device:
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def env_world() -> tuple[int, int, int] | None:
+    """(rank, world_size, local_rank) when started by torchrun, else None."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+
+
+def from_env(device: str) -> Comm:
+    """Join the process group torchrun set up (env:// rendezvous through MASTER_ADDR/PORT)."""
+    found = env_world()
+    if found is None:
+        return Comm(device=rank_device(device, 0))
+    rank, world, local = found
+    dev = rank_device(device, local)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            backend_for(device), init_method="env://", rank=rank, world_size=world
+        )
+    return Comm(rank, world, local, dev)
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface (the local group never listens elsewhere)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(
+    local_rank: int,
+    world: int,
+    port: int,
+    device: str,
+    fn: Callable[[Comm, Any], Any],
+    arg: Any,
+    result_dir: str,
+) -> None:
+    dev = rank_device(device, local_rank)
+    if device == "cpu":  # ranks share the host's cores: do not oversubscribe them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group(
+        backend_for(device),
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=local_rank,
+        world_size=world,
+    )
+    try:
+        try:
+            result: Any = fn(Comm(local_rank, world, local_rank, dev), arg)
+        except Exception as exc:  # hand it to the parent, which re-raises it (no rank traceback)
+            result = RankFailure(exc, traceback.format_exc())
+        with open(Path(result_dir) / f"rank{local_rank}.pkl", "wb") as fh:
+            pickle.dump(result, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+@dataclass
+class RankFailure:
+    """What a spawned rank raised."""
+
+    error: Exception
+    traceback: str
+
+
+def launch_local(fn: Callable[[Comm, Any], Any], arg: Any, world: int, device: str) -> list[Any]:
+    """Run `fn(comm, arg)` on `world` spawned ranks on this host; every rank's result, in order.
+
+    fn and arg must be picklable (a module-level function). With world == 1 it runs in-process.
+    """
+    if world == 1:
+        return [fn(Comm(device=rank_device(device, 0)), arg)]
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="exl3tool-tp-") as tmp:
+        mp.spawn(
+            _worker,
+            args=(world, free_port(), device, fn, arg, tmp),
+            nprocs=world,
+            join=True,
+        )
+        results = []
+        for r in range(world):
+            with open(Path(tmp) / f"rank{r}.pkl", "rb") as fh:
+                results.append(pickle.load(fh))
+    for r, res in enumerate(results):
+        if isinstance(res, RankFailure):
+            if isinstance(res.error, (Exl3ToolError, ValueError)):
+                raise res.error
+            raise RuntimeError(f"rank {r} failed:\n{res.traceback}")
+    return results

@@ -1,0 +1,360 @@
+"""A swap engine mirroring the serving transaction (msrt-cartridge-format.md §10).
+
+    load(A):  stage (verify everything, before any change) → pause → prepare → activate → resume
+    deactivate(): pause → release every cartridge runtime (the base path) → resume
+    swap A → B: a load while A is active; runtimes of layers common to A and B are reused and
+                refilled, the others released (§10.5)
+
+Any failure after the pause rolls back to the base (§10.3: deactivate everything, then resume) and
+is re-raised as `RolledBack`; a staging failure raises `StagingFailed` with nothing paused and
+nothing changed. Unlike the serving runtime, `status()` names the active adapter (manifest sha256,
+assembly and stage labels). `fault_at` names a step at which a test injects a failure; it fires
+midway through that step (after its first layer), so a rollback has partial work to undo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exl3tool.formats.names import PROJECTIONS
+from exl3tool.io.views import TensorReader
+from exl3tool.runtime.base import BaseModel, local_trellis, to_torch
+from exl3tool.runtime.distributed import Comm
+from exl3tool.runtime.moe import Routing, expert_mlp, expert_probe, moe_forward
+from exl3tool.runtime.msrt import CartridgeLayer, build_layer, project32
+
+STEPS = ("stage", "pause", "prepare", "activate", "resume", "deactivate", "discard")
+
+
+class InjectedFault(RuntimeError):
+    """The failure a test asked for with `fault_at`."""
+
+
+class TransactionError(RuntimeError):
+    """A load that did not complete; `step` is where it failed."""
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(f"{step}: {message}")
+        self.step = step
+
+
+class StagingFailed(TransactionError):
+    """Staging rejected the adapter before the pause: nothing changed."""
+
+
+class RolledBack(TransactionError):
+    """A step after the pause failed; the base was restored."""
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    path: str
+    manifest_sha256: str  # the source adapter_config.json
+    staged_manifest_sha256: str  # the private staged copy's (rewritten for TP)
+    assembly: str
+    labels: tuple[str, ...]
+    layers: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "manifest_sha256": self.manifest_sha256,
+            "staged_manifest_sha256": self.staged_manifest_sha256,
+            "assembly": self.assembly,
+            "labels": list(self.labels),
+            "layers": list(self.layers),
+        }
+
+
+@dataclass
+class Staged:
+    info: AdapterInfo
+    private_dir: Path
+    cartridge: Any  # cartridge.model.Cartridge of the private copy
+    tables: dict[int, Any]  # layer -> cartridge.tables.LayerTables (this rank's)
+
+
+def stage_adapter(adapter: Path, base: Path, world_size: int, out: Path) -> tuple[Path, str]:
+    """Verified private copy via `stage-cartridge`'s code (every §9 check against the base,
+    rank-sharded for TP); returns it and the source manifest's sha256 it recorded."""
+    from exl3tool.cartridge.stage import stage_cartridge
+
+    result = stage_cartridge(Path(adapter), Path(base), out=out, tp=world_size)
+    return out, str(result.staging["adapter_manifest_sha256"])
+
+
+@dataclass
+class SwapEngine:
+    base: BaseModel
+    comm: Comm
+    device: torch.device
+    work_root: Path | None = None
+    fault_at: str | None = None
+    active: dict[int, CartridgeLayer] = field(default_factory=dict)
+    adapter: AdapterInfo | None = None
+    staged: Staged | None = None
+    pending: dict[int, CartridgeLayer] = field(default_factory=dict)
+    paused: bool = False
+    events: list[str] = field(default_factory=list)
+    reused_layers: list[int] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per step (benchmarks)
+
+    @contextlib.contextmanager
+    def _timed(self, step: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.seconds[step] = self.seconds.get(step, 0.0) + time.perf_counter() - t0
+
+    # --- transaction steps -------------------------------------------------------------------
+
+    def _fault(self, step: str) -> None:
+        if self.fault_at == step:
+            raise InjectedFault(f"fault injected at {step}")
+
+    def stage(self, adapter: Path) -> Staged:
+        """Copy, verify and materialize this rank's tables; changes nothing that serves."""
+        self.events.append("stage")
+        with self._timed("stage"):
+            return self._stage(adapter)
+
+    def _stage(self, adapter: Path) -> Staged:
+        from exl3tool.cartridge.model import load_cartridge
+        from exl3tool.cartridge.tables import materialize_tables
+        from exl3tool.findings import Findings
+
+        tmp = Path(
+            tempfile.mkdtemp(prefix=f"exl3tool-stage-r{self.comm.rank}-", dir=self.work_root)
+        )
+        error: str | None = None
+        staged: Staged | None = None
+        try:
+            self._fault("stage")
+            # source_sha: the identity a publisher knows, the sha256 of the adapter_config.json it
+            # ships (a TP-ready staged copy rewrites its manifest, §8)
+            private, source_sha = stage_adapter(
+                adapter, self.base.path, self.comm.world_size, tmp / "adapter"
+            )
+            findings = Findings()
+            cart = load_cartridge(private, findings)
+            if findings.has_errors() or cart.manifest is None or cart.manifest_bytes is None:
+                raise ValueError(f"staged copy does not load: {findings.errors()[:1]}")
+            tables = materialize_tables(
+                cart,
+                rank=self.comm.rank,
+                world_size=self.comm.world_size,
+                num_experts=self.base.num_experts,
+            )
+            layers = tuple(sorted(L for L in tables if L in self.base.layers))
+            if not layers:
+                raise ValueError("the adapter does not select any layer of this runtime")
+            info = AdapterInfo(
+                str(adapter),
+                source_sha,
+                hashlib.sha256(cart.manifest_bytes).hexdigest(),
+                str(cart.manifest.get("assembly")),
+                tuple(c["label"] for c in cart.manifest["chain"]),
+                layers,
+            )
+            staged = Staged(info, tmp, cart, {L: tables[L] for L in layers})
+        except Exception as exc:  # every rank must agree before anything changes (§10.2 step 1)
+            error = f"{type(exc).__name__}: {exc}"
+            found = getattr(exc, "findings", None)
+            if found:
+                error += " [" + "; ".join(f"{f.code} {f.message}" for f in list(found)[:3]) + "]"
+        if not self.comm.all_true(error is None):
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StagingFailed("stage", error or "staging failed on another rank")
+        self.staged = staged
+        return staged
+
+    def pause(self) -> None:
+        self.events.append("pause")
+        self.paused = True
+        self._fault("pause")
+
+    def prepare(self) -> None:
+        """Build runtimes from the verified private bytes only (§10.2 step 4)."""
+        self.events.append("prepare")
+        with self._timed("prepare"):
+            self._prepare()
+
+    def _prepare(self) -> None:
+        st = self._require_staged()
+        self.pending = {}
+        self.reused_layers = []
+        with TensorReader() as rd:
+
+            def read_stage(proj: str, name: str) -> torch.Tensor:
+                ref = st.cartridge.keys[name]
+                arr = rd.array(ref.shard, ref.info)
+                if st.cartridge.layout == "full" and self.comm.world_size > 1:
+                    arr = local_trellis(proj, arr, self.base.first, self.base.last)
+                return to_torch(arr)
+
+            for i, layer in enumerate(st.info.layers):
+                reuse = self.active.get(layer)
+                if reuse is not None:
+                    self.reused_layers.append(layer)
+                self.pending[layer] = build_layer(
+                    layer,
+                    st.tables[layer],
+                    range(self.base.num_experts),
+                    read_stage,
+                    self.base.rotations(layer),
+                    self.device,
+                    into=reuse,
+                )
+                if i == 0:
+                    self._fault("prepare")
+
+    def activate(self) -> None:
+        """Make the prepared runtimes live; layers the new adapter does not select are released."""
+        self.events.append("activate")
+        st = self._require_staged()
+        for layer in [L for L in self.active if L not in self.pending]:
+            self.active.pop(layer).release()
+        for i, (layer, rt) in enumerate(sorted(self.pending.items())):
+            self.active[layer] = rt
+            if i == 0:
+                self._fault("activate")
+        if sorted(self.active) != sorted(self.pending):
+            raise RuntimeError("prepare/activate mismatch")
+        self.pending = {}
+        self.adapter = st.info
+
+    def resume(self) -> None:
+        self.events.append("resume")
+        self.paused = False
+
+    def discard(self) -> None:
+        self.events.append("discard")
+        if self.staged is not None:
+            shutil.rmtree(self.staged.private_dir, ignore_errors=True)
+        self.staged = None
+
+    def restore_base(self) -> None:
+        """Release every cartridge runtime, active or pending: the compressed base path (§10.3)."""
+        for layer in list(self.active):
+            self.active.pop(layer).release()
+        for rt in self.pending.values():
+            rt.release()
+        self.pending = {}
+        self.adapter = None
+
+    # --- transactions ------------------------------------------------------------------------
+
+    def load(self, adapter: Path) -> AdapterInfo:
+        """The whole load transaction; a swap when an adapter is already active."""
+        self.stage(adapter)  # StagingFailed: no pause, no resume
+        self.pause()
+        try:
+            error: str | None = None
+            try:
+                self.prepare()
+                self.activate()
+                self._fault("resume")
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            if not self.comm.all_true(error is None):
+                self.events.append("rollback")
+                self.restore_base()
+                raise RolledBack("load", error or "another rank failed")
+        finally:
+            self.discard()
+            self.resume()
+        assert self.adapter is not None
+        return self.adapter
+
+    def deactivate(self) -> int:
+        """Back to the base; returns the number of layers released (0: nothing was active)."""
+        if not self.active:
+            return 0
+        self.pause()
+        self.events.append("deactivate")
+        n = len(self.active)
+        self.restore_base()
+        self.resume()
+        return n
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "active": bool(self.active),
+            "adapter": self.adapter.to_json() if self.adapter else None,
+            "layers": sorted(self.active),
+            "paused": self.paused,
+            "rank": self.comm.rank,
+            "world_size": self.comm.world_size,
+        }
+
+    def _require_staged(self) -> Staged:
+        if self.staged is None:
+            raise RuntimeError("nothing is staged")
+        return self.staged
+
+    # --- forward -----------------------------------------------------------------------------
+
+    def expert_fn(self, layer: int):
+        lin = self.base.linears[layer]
+        rt = self.active.get(layer)
+
+        def terms(e: int, p: str):
+            return rt.terms_for(e, p) if rt is not None else []
+
+        def fn(e: int, x16: torch.Tensor) -> torch.Tensor:
+            return expert_mlp(
+                lambda p, x: project32(lin[(e, p)].linear, terms(e, p), x).half(),
+                lambda a: project32(lin[(e, "down_proj")].linear, terms(e, "down_proj"), a),
+                x16,
+            )
+
+        return fn
+
+    def _serving(self) -> None:
+        if self.paused:
+            raise RuntimeError("the engine is paused")
+
+    def forward(self, layer: int, x16: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """fp16 MoE block output of `layer` (all-reduced over TP ranks)."""
+        self._serving()
+        return moe_forward(
+            x16, routing, self.expert_fn(layer), self.comm.all_reduce_sum, self.base.hidden
+        )
+
+    def probe(self, layer: int, x16: torch.Tensor, experts: list[int]) -> torch.Tensor:
+        """fp32 per-expert outputs of every listed expert on every token (all-reduced)."""
+        self._serving()
+        return expert_probe(x16, experts, self.expert_fn(layer), self.comm.all_reduce_sum)
+
+    def local_weights(self, layer: int) -> dict[tuple[int, str], list[torch.Tensor]]:
+        """This rank's decoded weights per (expert, proj): [base, stage terms in order]."""
+        rt = self.active.get(layer)
+        out = {}
+        for (e, p), b in self.base.linears[layer].items():
+            ts = rt.terms_for(e, p) if rt is not None else []
+            out[(e, p)] = [b.linear.weight, *(t.linear.weight for t in ts)]
+        return out
+
+
+__all__ = [
+    "PROJECTIONS",
+    "STEPS",
+    "AdapterInfo",
+    "InjectedFault",
+    "RolledBack",
+    "StagingFailed",
+    "SwapEngine",
+]

@@ -1,0 +1,105 @@
+"""MSRT additive application per projection (msrt-cartridge-format.md §1.2, §1.3).
+
+    y_p(x) = base_p(x) + Σ_s inv_scale[s, e] · stage_s,p(x)
+
+Stages are decoded with the BASE layer's own suh/svh (rotation reuse, §1.1); sparse table entries
+(inverse scale 0.0) are skipped, exactly as the kernel skips their GEMM. Everything the runtime
+applies comes from `exl3tool.cartridge.tables.materialize_tables` (one implementation of the tables
+that `stage-cartridge` records): the stage order, the FP32 inverse scales and the tensor names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from exl3tool.formats.names import PROJECTIONS
+from exl3tool.runtime.linear import Exl3Linear, gemm32
+
+
+@dataclass
+class StageTerm:
+    """One (stage, expert, projection) GEMM with its FP32 inverse scale (a 0-dim tensor)."""
+
+    stage: int
+    label: str
+    inverse_scale: torch.Tensor  # fp32 []
+    linear: Exl3Linear
+
+
+def project32(base: Exl3Linear, terms: list[StageTerm], x16: torch.Tensor) -> torch.Tensor:
+    """fp32 output of one projection: base GEMM + Σ inverse-scaled stage GEMMs, in stage order."""
+    y = gemm32(x16, base.weight)
+    for t in terms:
+        y = y + t.inverse_scale * gemm32(x16, t.linear.weight)
+    return y
+
+
+def table_inverse_scale(tables: Any, proj: str) -> torch.Tensor:
+    """The FP32 `[S, E]` inverse-scale table of one projection as a CPU tensor."""
+    inv = tables.inverse_scale[proj]
+    t = inv if isinstance(inv, torch.Tensor) else torch.from_numpy(inv.copy())
+    if t.dtype != torch.float32:
+        raise TypeError(f"inverse-scale table of {proj} is {t.dtype}, not float32 (§1.2)")
+    return t.cpu()
+
+
+@dataclass
+class CartridgeLayer:
+    """A layer's cartridge runtime: stage terms per (expert, projection), built from its tables."""
+
+    layer: int
+    tables: Any  # cartridge.tables.LayerTables
+    terms: dict[tuple[int, str], list[StageTerm]] = field(default_factory=dict)
+
+    def terms_for(self, expert: int, proj: str) -> list[StageTerm]:
+        return self.terms.get((expert, proj), [])
+
+    def release(self) -> None:
+        self.terms.clear()
+
+    @property
+    def num_terms(self) -> int:
+        return sum(len(v) for v in self.terms.values())
+
+
+def build_layer(
+    layer: int,
+    tables: Any,
+    experts: range | list[int],
+    read_stage: Callable[[str, str], torch.Tensor],
+    base_rotations: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device | str,
+    into: CartridgeLayer | None = None,
+) -> CartridgeLayer:
+    """Decode every non-sparse table entry of `layer` into stage terms.
+
+    read_stage(proj, tensor_name): this rank's local trellis of that stage tensor. base_rotations:
+    (expert, proj) -> this rank's (suh, svh) of the base linear. `into`: an existing runtime of this
+    layer to refill (swap A → B reuses common layers, §10.5).
+    """
+    rt = into if into is not None else CartridgeLayer(layer, tables)
+    rt.release()
+    rt.tables = tables
+    labels = list(tables.stages)
+    for proj in PROJECTIONS:
+        inv = table_inverse_scale(tables, proj)
+        # the pointer table, as the kernel reads it: a sparse entry points at a fallback tensor
+        # and only its 0.0 inverse scale keeps it out of the sum (§1.3)
+        names = tables.pointer_name[proj]
+        for e in experts:
+            suh, svh = base_rotations[(e, proj)]
+            terms: list[StageTerm] = []
+            for s, label in enumerate(labels):
+                scale = inv[s, e]
+                if float(scale) == 0.0:  # sparse entry: the kernel skips this GEMM (§1.3)
+                    continue
+                trellis = read_stage(proj, names[s][e])
+                lin = Exl3Linear.decode(trellis, suh, svh, device)
+                terms.append(StageTerm(s, label, scale.clone().to(device), lin))
+            if terms:
+                rt.terms[(e, proj)] = terms
+    return rt

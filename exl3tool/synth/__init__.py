@@ -1,0 +1,8 @@
+"""Tiny synthetic artifacts for tests, examples and benchmarks (deterministic bytes).
+
+    from exl3tool.synth.r7 import build_r7, R7Spec          # R7 checkpoint (GLM-style)
+    from exl3tool.synth.r7 import build_rank_sliced          # legacy hybrid_tr3_tail (tp)
+    from exl3tool.synth.exl3 import build_exl3, Exl3Spec    # plain tensor_storage EXL3
+
+Submodules are imported on demand so that `import exl3tool.synth` stays cheap.
+"""

@@ -1,0 +1,1 @@
+"""Tensor-parallel slicing: plans (pure) and writers."""

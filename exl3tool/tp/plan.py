@@ -1,0 +1,399 @@
+"""The slicing plan: which bytes of which tensor each TP rank holds. Pure: headers only, no I/O.
+
+Rules (exl3-format.md §6; r7-checkpoint-format.md §3.4, §7.1; msrt-cartridge-format.md §5, §8):
+* routed experts, `--mode tensor`: gate/up column-parallel, down row-parallel, on N equal
+  128-aligned ranges of the expert intermediate size; `--mode expert`: whole experts, contiguous
+  per rank, as even as possible;
+* R7 `r7_shared.gate_up_suh` / `down_svh` are hidden-side: replicated; markers replicated;
+* dense EXL3 linears by role: q/k/v/gate/up (and lm_head) column-parallel, o/down row-parallel;
+  attention split by KV heads widened to 128-channel units (config `num_key_value_heads`,
+  `head_dim`); other dense splits in whole 128-channel blocks, as even as possible;
+* anything else is replicated; a linear that no rule can split is also reported (TP003);
+* a split that cuts a Hadamard block (TP001) or leaves a rank empty (TP002) refuses the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from exl3tool.checks import tp_rules
+from exl3tool.findings import Findings, Rule
+from exl3tool.formats.checkpoint import Checkpoint, TensorRef
+from exl3tool.formats.detect import Kind
+from exl3tool.formats.exl3 import group_linears
+from exl3tool.formats.names import R7_SHARED_RE, parse_expert, split_field
+from exl3tool.tp.linear import field_cut, field_size
+from exl3tool.tp.ranges import HAD, SplitError, channel_ranges, expert_ranges, intermediate_ranges
+from exl3tool.tp.slices import (
+    LAYOUTS,
+    MODES,
+    PlanRefused,
+    RankPlan,
+    Reported,
+    SlicePlan,
+    TensorSlice,
+)
+
+COLUMN = frozenset(("gate_proj", "up_proj", "w1", "w3", "lm_head"))
+ROW = frozenset(("down_proj", "w2"))
+ATTENTION = frozenset(("q_proj", "k_proj", "v_proj", "o_proj"))
+EXPERT_ROLE = {"gate_proj": "column", "up_proj": "column", "down_proj": "row"}
+SLICEABLE_KINDS = (Kind.EXL3, Kind.R7, Kind.MSRT_BASE, Kind.SAFETENSORS, Kind.UNKNOWN)
+# per-expert fields that the R7 shared vectors become in the rank-sliced layout (§3.1)
+SHARED_VECTORS = {
+    "gate_up_suh": (("gate_proj", "suh"), ("up_proj", "suh")),
+    "down_svh": (("down_proj", "svh"),),
+}
+
+
+@dataclass(frozen=True)
+class _Split:
+    """How one linear group is cut: `ranges[r]` = channels of rank r (None: whole / not held)."""
+
+    role: str
+    ranges: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class _Owner:
+    """Expert parallel: the whole group lives on one rank."""
+
+    rank: int
+
+
+class _Refusals:
+    """Refused splits, one finding per distinct reason (first tensor named, the rest counted)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], list] = {}
+
+    def add(self, rule: Rule, message: str, tensor: str) -> None:
+        entry = self._seen.setdefault((rule.code, message), [rule, tensor, 0])
+        entry[2] += 1
+
+    def raise_if_any(self) -> None:
+        if not self._seen:
+            return
+        f = Findings()
+        for (_code, msg), (rule, tensor, n) in self._seen.items():
+            more = f" ({n - 1} more tensors with the same geometry)" if n > 1 else ""
+            f.add(rule, msg + more, tensor=tensor)
+        raise PlanRefused(f)
+
+
+def source_order(ckpt: Checkpoint) -> list[str]:
+    """Tensor names in the order of one sequential pass: shard by shard, by payload offset."""
+    return sorted(ckpt.tensors, key=lambda n: (ckpt.tensors[n].file, ckpt.tensors[n].info.begin))
+
+
+def _refuse_input(message: str, tensor: str | None = None) -> PlanRefused:
+    f = Findings()
+    f.add(tp_rules.TP_UNSUPPORTED, message, tensor=tensor)
+    return PlanRefused(f)
+
+
+def _model_config(config: dict | None) -> dict:
+    cfg = config if isinstance(config, dict) else {}
+    text = cfg.get("text_config")
+    return {**cfg, **text} if isinstance(text, dict) else cfg
+
+
+def _int(cfg: dict, key: str) -> int | None:
+    v = cfg.get(key)
+    return v if type(v) is int and v > 0 else None
+
+
+def attention_geometry(config: dict | None) -> tuple[int, int] | None:
+    """(num_key_value_heads, head_dim) from config.json, or None when it does not say."""
+    cfg = _model_config(config)
+    kv = _int(cfg, "num_key_value_heads") or _int(cfg, "num_attention_heads")
+    head_dim = _int(cfg, "head_dim")
+    if head_dim is None and _int(cfg, "hidden_size") and _int(cfg, "num_attention_heads"):
+        hs, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+        head_dim = hs // nh if hs % nh == 0 else None
+    return (kv, head_dim) if kv and head_dim else None
+
+
+def _dims(ref: TensorRef) -> tuple[int, int] | None:
+    s = ref.info.shape
+    return (s[0] * 16, s[1] * 16) if len(s) == 3 else None
+
+
+def _anchor(group) -> str:
+    """The tensor that names a linear group in messages (its trellis when present)."""
+    return (group.trellis or next(iter(group.parts.values()))).name
+
+
+def _group_size(role: str, parts: dict[str, TensorRef]) -> int | None:
+    """Channels on the split side, from the trellis (else from a sliced vector)."""
+    order = ("trellis", "svh", "suh", "sv", "su", "bias")
+    for fld in order:
+        ref = parts.get(fld)
+        if ref is not None:
+            n = field_size(role, fld, ref.info.shape)
+            if n is not None:
+                return n
+    return None
+
+
+class _Planner:
+    def __init__(self, ckpt: Checkpoint, kind: Kind, tp: int, mode: str, layout: str) -> None:
+        self.ckpt, self.kind, self.tp, self.mode, self.layout = ckpt, kind, tp, mode, layout
+        self.refusals = _Refusals()
+        self.reported: list[Reported] = []
+        self.splits: dict[str, _Split | _Owner | None] = {}  # group prefix -> cut (None: whole)
+        self.group_of: dict[str, tuple[str, str]] = {}  # tensor -> (prefix, field)
+        self.expert_groups: set[str] = set()
+        self.layer_experts: dict[str, list[int]] = {}  # "model.layers.L.mlp.experts" -> ids
+
+    # --- classification ----------------------------------------------------------------
+    def classify(self) -> None:
+        tensors = self.ckpt.tensors
+        experts: dict[str, dict[str, TensorRef]] = {}
+        rest: dict[str, TensorRef] = {}
+        # rank0 names hold full logical tensors when no other rank exists (MSRT bases, a tp=1
+        # legacy tail such as R7's carried MTP layer: r7-checkpoint-format.md §6, §7.1)
+        multi = {e.prefix for e in map(parse_expert, tensors) if e is not None and e.rank}
+        for name, ref in tensors.items():
+            e = parse_expert(name)
+            if e is not None and (e.rank is None or (e.rank == 0 and e.prefix not in multi)):
+                experts.setdefault(e.prefix, {})[e.field] = ref
+                self.group_of[name] = (e.prefix, e.field)
+            elif e is not None:
+                self.reported.append(
+                    Reported(name, f"already rank-sliced (rank{e.rank}); carried whole")
+                )
+            else:
+                rest[name] = ref
+        self.expert_groups = set(experts)
+        for prefix in experts:
+            layer_prefix, _, eid = prefix.rpartition(".")[0].rpartition(".")
+            self.layer_experts.setdefault(layer_prefix, []).append(int(eid))
+        for ids in self.layer_experts.values():
+            ids[:] = sorted(set(ids))
+        if self.mode == "expert":
+            self._plan_expert_parallel(experts)
+        else:
+            for prefix, parts in experts.items():
+                role = EXPERT_ROLE[prefix.rpartition(".")[2]]
+                self._split_equal(prefix, role, parts)
+        dense = group_linears({n: r for n, r in rest.items() if not R7_SHARED_RE.match(n)})
+        for prefix, g in dense.items():
+            for fld, ref in g.parts.items():
+                self.group_of[ref.name] = (prefix, fld)
+        self._plan_dense(dense)
+        for name in rest:
+            if name in self.group_of or R7_SHARED_RE.match(name):
+                continue
+            prefix, fld = split_field(name)
+            leaf = prefix.rpartition(".")[2]
+            if fld == "weight" and (leaf in COLUMN | ROW | ATTENTION):
+                self.reported.append(Reported(name, "unquantized linear; not split"))
+
+    def _split_equal(self, prefix: str, role: str, parts: dict[str, TensorRef]) -> None:
+        size = _group_size(role, parts)
+        anchor = (parts.get("trellis") or next(iter(parts.values()))).name
+        if size is None:
+            self.splits[prefix] = None
+            self.reported.append(Reported(anchor, "no sliceable field; carried whole"))
+            return
+        try:
+            self.splits[prefix] = _Split(role, intermediate_ranges(size, self.tp))
+        except SplitError as exc:
+            self.refusals.add(exc.rule, f"expert intermediate {exc}", anchor)
+
+    def _plan_expert_parallel(self, experts: dict[str, dict[str, TensorRef]]) -> None:
+        by_layer: dict[str, set[int]] = {}
+        for prefix in experts:
+            head, _, _proj = prefix.rpartition(".")
+            layer_prefix, _, eid = head.rpartition(".")
+            by_layer.setdefault(layer_prefix, set()).add(int(eid))
+        owner: dict[tuple[str, int], int] = {}
+        for layer_prefix, ids in by_layer.items():
+            order = sorted(ids)
+            try:
+                ranges = expert_ranges(len(order), self.tp)
+            except SplitError as exc:
+                self.refusals.add(exc.rule, str(exc), f"{layer_prefix}.{order[0]}")
+                continue
+            for r, (a, b) in enumerate(ranges):
+                for e in order[a:b]:
+                    owner[(layer_prefix, e)] = r
+        for prefix in experts:
+            head, _, _proj = prefix.rpartition(".")
+            layer_prefix, _, eid = head.rpartition(".")
+            r = owner.get((layer_prefix, int(eid)))
+            if r is not None:
+                self.splits[prefix] = _Owner(r)
+
+    def _plan_dense(self, dense: dict) -> None:
+        geometry = attention_geometry(self.ckpt.config)
+        attn: dict[str, dict[str, object]] = {}
+        for prefix, g in dense.items():
+            parent, _, leaf = prefix.rpartition(".")
+            if leaf in ATTENTION:
+                attn.setdefault(parent, {})[leaf] = g
+            elif leaf in COLUMN or leaf in ROW:
+                role = "column" if leaf in COLUMN else "row"
+                size = _group_size(role, g.parts)
+                anchor = _anchor(g)
+                if size is None:
+                    self._whole(prefix, anchor, "no sliceable field")
+                    continue
+                try:
+                    self.splits[prefix] = _Split(role, channel_ranges(size, self.tp))
+                except SplitError as exc:
+                    self.refusals.add(exc.rule, f"{role}-parallel {leaf}: {exc}", anchor)
+            else:
+                self._whole(prefix, _anchor(g), f"no TP role for '{leaf}'")
+        for parent, projs in attn.items():
+            self._plan_attention(parent, projs, geometry)
+
+    def _whole(self, prefix: str, anchor: str, why: str) -> None:
+        self.splits[prefix] = None
+        self.reported.append(Reported(anchor, f"{why}; replicated"))
+
+    def _plan_attention(self, parent: str, projs: dict, geometry) -> None:
+        anchor_name = _anchor(next(iter(projs.values())))
+        if geometry is None:
+            for leaf, g in projs.items():
+                why = "attention without num_key_value_heads/head_dim in config.json"
+                self._whole(f"{parent}.{leaf}", _anchor(g), why)
+            return
+        kv, head_dim = geometry
+        unit_heads = HAD // math.gcd(HAD, head_dim)  # smallest KV-head count 128 channels wide
+        widths: dict[str, int] = {}
+        for leaf, g in projs.items():
+            role = "row" if leaf == "o_proj" else "column"
+            size = _group_size(role, g.parts)
+            if (
+                size is None
+                or size % kv
+                or (leaf in ("k_proj", "v_proj") and size != kv * head_dim)
+            ):
+                widths = {}
+                break
+            widths[leaf] = size // kv
+        if not widths or kv % unit_heads or any((w * unit_heads) % HAD for w in widths.values()):
+            why = f"attention ({kv} KV heads x {head_dim}) does not split into 128-channel KV-head units"
+            for leaf, g in projs.items():
+                self._whole(f"{parent}.{leaf}", _anchor(g), why)
+            return
+        try:
+            units = channel_ranges(kv // unit_heads, self.tp, unit=1)
+        except SplitError as exc:
+            self.refusals.add(
+                exc.rule,
+                f"attention {kv // unit_heads} KV-head units of {unit_heads} heads: {exc}",
+                anchor_name,
+            )
+            return
+        for leaf in projs:
+            w = widths[leaf] * unit_heads
+            role = "row" if leaf == "o_proj" else "column"
+            self.splits[f"{parent}.{leaf}"] = _Split(role, [(a * w, b * w) for a, b in units])
+
+    # --- slices ------------------------------------------------------------------------
+    def build(self) -> SlicePlan:
+        self.classify()
+        self.refusals.raise_if_any()
+        order = source_order(self.ckpt)
+        ranks = [RankPlan(r) for r in range(self.tp)]
+        for name in order:
+            ref = self.ckpt.tensors[name]
+            info = ref.info
+            shape = tuple(info.shape)
+            group = self.group_of.get(name)
+            cut = self.splits.get(group[0]) if group else None
+            shared = R7_SHARED_RE.match(name)
+            for r in range(self.tp):
+                for target, axis, start, stop, rep in self._cuts(
+                    name, group, cut, shared, r, shape
+                ):
+                    if axis is not None and stop > shape[axis]:
+                        raise _refuse_input(
+                            f"slice [{start}, {stop}) on axis {axis} exceeds shape {list(shape)}; "
+                            "the linear's tensors disagree in size (run `exl3tool validate`)",
+                            name,
+                        )
+                    ranks[r].slices.append(
+                        TensorSlice(name, target, axis, start, stop, rep, info.dtype, shape)
+                    )
+        return SlicePlan(
+            self.kind.value, self.tp, self.mode, self.layout, ranks, self.reported, order
+        )
+
+    def _cuts(self, name, group, cut, shared, r, shape):
+        """(target, axis, start, stop, replicated) entries of `name` on rank r."""
+        rank_sliced = self.layout == "rank-sliced"
+        if shared is not None:
+            if not rank_sliced:
+                return [(name, None, 0, 0, True)]
+            # per_expert_v1: every expert carries the layer's hidden-side vector (§3.1, §7.1)
+            experts = name.rpartition(".r7_shared.")[0]
+            return [
+                (f"{experts}.{e}.{proj}.rank{r}.{fld}", None, 0, 0, True)
+                for e in self.layer_experts.get(experts, ())
+                for proj, fld in SHARED_VECTORS[shared.group("field")]
+            ]
+        is_expert = group is not None and group[0] in self.expert_groups
+        if rank_sliced and not is_expert:
+            # the legacy profile rank-slices routed experts only; the rest is stored once
+            return [(name, None, 0, 0, False)] if r == 0 else []
+        target = f"{group[0]}.rank{r}.{group[1]}" if rank_sliced else name
+        if cut is None:
+            return [(target, None, 0, 0, True)]
+        if isinstance(cut, _Owner):
+            return [(target, None, 0, 0, False)] if cut.rank == r else []
+        fc = field_cut(cut.role, group[1], *cut.ranges[r])
+        if not fc.present:
+            return []
+        if fc.axis is None:
+            return [(target, None, 0, 0, fc.replicated)]
+        return [(target, fc.axis, fc.start, fc.stop, False)]
+
+
+def plan_slices(
+    ckpt: Checkpoint, kind: Kind | str, tp: int, mode: str = "tensor", *, layout: str = "per-rank"
+) -> SlicePlan:
+    """The plan for `tp` ranks; raises PlanRefused (TP001/TP002/TP009 findings) when impossible."""
+    kind = Kind(kind)
+    if type(tp) is not int or tp < 1:
+        raise ValueError(f"TP size must be a positive integer, got {tp!r}")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
+    if kind not in SLICEABLE_KINDS:
+        raise _refuse_input(f"a {kind.value} artifact cannot be sliced by this planner")
+    if layout == "rank-sliced" and mode != "tensor":
+        raise _refuse_input("the rank-sliced layout splits experts by tensor (--mode tensor) only")
+    if not ckpt.tensors:
+        raise _refuse_input("the artifact has no readable tensors")
+    if layout == "rank-sliced":
+        _check_uniform_expert_k(ckpt)
+    return _Planner(ckpt, kind, tp, mode, layout).build()
+
+
+def _check_uniform_expert_k(ckpt: Checkpoint) -> None:
+    """The legacy profile records one K per expert (tier_bitmap `k`, §7.1): refuse experts whose
+    projections differ in K (R7 chooses K per projection, §3.2)."""
+    ks: dict[tuple[int, int], dict[str, int]] = {}
+    for name, ref in ckpt.tensors.items():
+        e = parse_expert(name)
+        if e is not None and e.field == "trellis" and len(ref.info.shape) == 3:
+            ks.setdefault((e.layer, e.expert), {})[e.proj] = ref.info.shape[2] // 16
+    mixed = sorted(key for key, by_proj in ks.items() if len(set(by_proj.values())) > 1)
+    if mixed:
+        layer, expert = mixed[0]
+        detail = ", ".join(f"{p} K={k}" for p, k in sorted(ks[mixed[0]].items()))
+        more = f" ({len(mixed) - 1} more experts)" if len(mixed) > 1 else ""
+        raise _refuse_input(
+            f"the rank-sliced layout records one K per expert; layer {layer} expert {expert} has "
+            f"{detail}{more}: use --layout per-rank",
+            f"model.layers.{layer}.mlp.experts.{expert}",
+        )
+
+
+__all__ = ["attention_geometry", "plan_slices", "source_order"]

@@ -1,0 +1,152 @@
+"""Value types of a slicing plan: one tensor slice, its byte layout, a rank's list, the plan."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from exl3tool.checks import tp_rules
+from exl3tool.errors import Exl3ToolError
+from exl3tool.findings import Findings
+from exl3tool.io.dtypes import BITS
+
+MODES = ("tensor", "expert")
+LAYOUTS = ("per-rank", "rank-sliced")
+
+
+@dataclass(frozen=True)
+class ByteLayout:
+    """Where a slice's bytes live in its source payload: `count` runs of `run` bytes, the
+    first at `offset`, consecutive runs `stride` bytes apart (row-major strided copy)."""
+
+    offset: int
+    run: int
+    count: int
+    stride: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.run * self.count
+
+    @property
+    def contiguous(self) -> bool:
+        return self.count <= 1 or self.run == self.stride
+
+
+@dataclass(frozen=True)
+class TensorSlice:
+    """One tensor of a rank: `source[start:stop]` on `axis` (axis None: the whole tensor)."""
+
+    source: str
+    target_name: str
+    axis: int | None
+    start: int
+    stop: int
+    replicated: bool
+    dtype: str
+    source_shape: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.axis is None:
+            return self.source_shape
+        s = list(self.source_shape)
+        s[self.axis] = self.stop - self.start
+        return tuple(s)
+
+    @property
+    def itemsize(self) -> int:
+        return BITS[self.dtype] // 8
+
+    @property
+    def nbytes(self) -> int:
+        if self.axis is None:
+            return math.prod(self.source_shape) * BITS[self.dtype] // 8
+        return math.prod(self.shape) * self.itemsize
+
+    @property
+    def layout(self) -> ByteLayout:
+        """Byte layout relative to the start of the source payload."""
+        if self.axis is None:
+            n = self.nbytes
+            return ByteLayout(0, n, 1, n)
+        s, a = self.source_shape, self.axis
+        inner = math.prod(s[a + 1 :]) * self.itemsize
+        return ByteLayout(
+            self.start * inner, (self.stop - self.start) * inner, math.prod(s[:a]), s[a] * inner
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "source": self.source,
+            "axis": self.axis,
+            "start": self.start,
+            "stop": self.stop,
+            "replicated": self.replicated,
+        }
+
+
+@dataclass(frozen=True)
+class Reported:
+    """A tensor that no rule could split, replicated whole (TP003)."""
+
+    tensor: str
+    reason: str
+
+
+@dataclass
+class RankPlan:
+    rank: int
+    slices: list[TensorSlice] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.slices)
+
+
+@dataclass
+class SlicePlan:
+    kind: str
+    tp: int
+    mode: str
+    layout: str
+    ranks: list[RankPlan]
+    reported: list[Reported] = field(default_factory=list)
+    source_order: list[str] = field(default_factory=list)  # source tensors in pass order
+
+    def findings(self) -> Findings:
+        out = Findings()
+        for r in self.reported:
+            out.add(tp_rules.TP_REPLICATED, r.reason, tensor=r.tensor)
+        return out
+
+    def summary(self) -> dict:
+        return {
+            "kind": self.kind,
+            "tp": self.tp,
+            "mode": self.mode,
+            "layout": self.layout,
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "tensors": len(r.slices),
+                    "bytes": r.nbytes,
+                    "replicated_tensors": sum(1 for s in r.slices if s.replicated),
+                    "replicated_bytes": sum(s.nbytes for s in r.slices if s.replicated),
+                }
+                for r in self.ranks
+            ],
+            "reported": [{"tensor": r.tensor, "reason": r.reason} for r in self.reported],
+        }
+
+
+class PlanRefused(Exl3ToolError):
+    """The plan is impossible (TP001/TP002/TP009 findings); nothing is written."""
+
+    exit_code = 1
+
+    def __init__(self, findings: Findings) -> None:
+        self.findings = findings
+        first = next(iter(findings))
+        more = f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""
+        super().__init__(f"{first.code} {first.location.tensor or ''}: {first.message}{more}")

@@ -1,0 +1,211 @@
+"""Write a slicing plan: per-rank directories or the legacy rank-sliced set, atomically.
+
+`--layout per-rank` (default): `OUT/rank-{r}/model-rank-{r}-part-{p}.safetensors` holding rank r's
+slice of every tensor under its original name, an index and the configs per rank.
+`--layout rank-sliced`: one set of shards with `.rank{r}.` expert names and the legacy
+`hybrid_tr3_tail` (r7-checkpoint-format.md §7.1). Both get `OUT/exl3tool-slices.json`
+(schemas/exl3tool-slices-1.schema.json). Nothing appears at OUT unless everything (and, with
+`verify`, the reassembly proof) succeeded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exl3tool import __version__
+from exl3tool.checks import tp_rules
+from exl3tool.errors import Exl3ToolError
+from exl3tool.findings import Findings
+from exl3tool.formats.checkpoint import INDEX_NAME, Checkpoint
+from exl3tool.formats.detect import Kind
+from exl3tool.identity.engine import hash_files
+from exl3tool.io.atomic import atomic_dir
+from exl3tool.tp import configs
+from exl3tool.tp.configs import MANIFEST_NAME, dump_json
+from exl3tool.tp.slices import SlicePlan, TensorSlice
+from exl3tool.tp.stream import Part, split_parts, write_streams
+
+SCHEMA = "exl3tool-slices/1"
+DEFAULT_MAX_SHARD = 5 << 30
+
+
+class SliceFailed(Exl3ToolError):
+    """Writing or verifying the slices found errors (findings attached); nothing was published."""
+
+    exit_code = 1
+
+    def __init__(self, findings: Findings, what: str) -> None:
+        self.findings = findings
+        first = next(iter(findings.errors()), None)
+        detail = (
+            f": {first.code} {first.location.tensor or first.location.file or ''} {first.message}"
+        )
+        super().__init__(f"{what}{detail if first else ''}")
+
+
+@dataclass
+class WriteResult:
+    out: Path
+    manifest: dict[str, Any]
+    parts: list[Part] = field(default_factory=list)
+
+
+def rank_dir(r: int) -> str:
+    return f"rank-{r}"
+
+
+def per_rank_streams(plan: SlicePlan, max_size: int) -> list[list[Part]]:
+    return [
+        split_parts(
+            rp.slices,
+            max_size,
+            lambda p, r=rp.rank: f"{rank_dir(r)}/model-rank-{r}-part-{p}.safetensors",
+        )
+        for rp in plan.ranks
+    ]
+
+
+def rank_sliced_stream(plan: SlicePlan, max_size: int) -> list[Part]:
+    """One stream: in source order, each source tensor's targets for rank 0, 1, ..."""
+    by_source: dict[str, list[TensorSlice]] = {}
+    for rp in plan.ranks:
+        for s in rp.slices:
+            by_source.setdefault(s.source, []).append(s)
+    merged = [s for name in plan.source_order for s in by_source.get(name, ())]
+    parts = split_parts(merged, max_size, str)
+    n = len(parts)
+    for i, p in enumerate(parts):
+        p.path = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+    return parts
+
+
+def _file_records(root: Path, rels: list[str], parts: dict[str, Part]) -> list[dict[str, Any]]:
+    """size/sha256/blake3 per output file: parts were hashed while written, the rest now."""
+    rest = [root / r for r in rels if r not in parts]
+    sha = hash_files(rest, "sha256") if rest else {}
+    b3 = hash_files(rest, "blake3") if rest else {}
+    out = []
+    for rel in sorted(rels):
+        p = parts.get(rel)
+        if p is not None:
+            out.append({"path": rel, "size": p.size, "sha256": p.sha256, "blake3": p.blake3})
+        else:
+            path = root / rel
+            out.append(
+                {"path": rel, "size": path.stat().st_size, "sha256": sha[path], "blake3": b3[path]}
+            )
+    return out
+
+
+def build_manifest(
+    plan: SlicePlan,
+    ckpt: Checkpoint,
+    source: Path,
+    files: list[dict[str, Any]],
+    file_of: dict[tuple[int, str], str],
+    max_shard_size: int,
+    identity_root: str | None,
+) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "tool_version": __version__,
+        "tp": plan.tp,
+        "mode": plan.mode,
+        "layout": plan.layout,
+        "max_shard_size": max_shard_size,
+        "source": {
+            "path": str(Path(source).absolute()),
+            "kind": plan.kind,
+            "identity": {"algorithm": "blake3", "root": identity_root},
+            "files": [
+                {"path": label, "size": st.file_size} for label, st in sorted(ckpt.shards.items())
+            ],
+        },
+        "files": files,
+        "ranks": [
+            {
+                "rank": rp.rank,
+                "dir": rank_dir(rp.rank) if plan.layout == "per-rank" else ".",
+                "bytes": rp.nbytes,
+                "tensors": {
+                    s.target_name: {**s.to_json(), "file": file_of[(rp.rank, s.target_name)]}
+                    for s in rp.slices
+                },
+            }
+            for rp in plan.ranks
+        ],
+        "reported": [{"tensor": r.tensor, "reason": r.reason} for r in plan.reported],
+    }
+
+
+def source_identity_root(ckpt: Checkpoint, threads: int | None = None) -> str | None:
+    """The source's logical blake3 identity root (exl3tool/identity/fast.py)."""
+    from exl3tool.identity.fast import compute_identity
+
+    return compute_identity(ckpt, algo="blake3", threads=threads, compat=False).root or None
+
+
+def write_plan(
+    plan: SlicePlan,
+    ckpt: Checkpoint,
+    source: Path,
+    out: Path,
+    *,
+    max_shard_size: int = DEFAULT_MAX_SHARD,
+    force: bool = False,
+    verify: bool = False,
+    threads: int | None = None,
+    progress: Any = None,
+    identity: bool = True,
+) -> WriteResult:
+    """Stream the plan's slices into OUT (atomic); with `verify`, prove the reassembly first."""
+    if max_shard_size < 1:
+        raise ValueError("max shard size must be positive")
+    root_digest = source_identity_root(ckpt, threads) if identity else None
+    with atomic_dir(out, force=force) as tmp:
+        if plan.layout == "per-rank":
+            streams = per_rank_streams(plan, max_shard_size)
+        else:
+            streams = [rank_sliced_stream(plan, max_shard_size)]
+        maps = write_streams(
+            ckpt, plan.source_order, streams, tmp, threads=threads, progress=progress
+        )
+        changed = maps.changed()
+        if changed:
+            f = Findings()
+            for label in changed:
+                f.add(tp_rules.TP_SOURCE_CHANGED, "changed during the slicing pass", file=label)
+            raise SliceFailed(f, "the source changed while slicing")
+        parts = {p.path: p for stream in streams for p in stream}
+        rels = list(parts)
+        file_of: dict[tuple[int, str], str] = {}
+        if plan.layout == "per-rank":
+            for r, stream in enumerate(streams):
+                d = rank_dir(r)
+                for p in stream:
+                    for s in p.slices:
+                        file_of[(r, s.target_name)] = p.path
+                (tmp / d / INDEX_NAME).write_bytes(configs.index_json(stream, f"{d}/"))
+                rels.append(f"{d}/{INDEX_NAME}")
+                names = configs.write_rank_configs(ckpt, tmp / d, plan.ranks[r].slices)
+                rels += [f"{d}/{n}" for n in names]
+        else:
+            where = {s.target_name: p.path for p in streams[0] for s in p.slices}
+            for rp in plan.ranks:
+                for s in rp.slices:
+                    file_of[(rp.rank, s.target_name)] = where[s.target_name]
+            (tmp / INDEX_NAME).write_bytes(configs.index_json(streams[0]))
+            rels.append(INDEX_NAME)
+            rels += configs.write_rank_sliced_configs(ckpt, Kind(plan.kind), plan.tp, tmp)
+        files = _file_records(tmp, rels, parts)
+        manifest = build_manifest(plan, ckpt, source, files, file_of, max_shard_size, root_digest)
+        (tmp / MANIFEST_NAME).write_bytes(dump_json(manifest))
+        if verify:
+            from exl3tool.tp.verify import verify_slices
+
+            findings = verify_slices(tmp, source=source, threads=threads)
+            if findings.has_errors():
+                raise SliceFailed(findings, "verification of the slices failed")
+    return WriteResult(Path(out), manifest, [p for s in streams for p in s])

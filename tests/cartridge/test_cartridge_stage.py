@@ -1,0 +1,159 @@
+"""stage_cartridge: verified copy, validation against the base, TP conversion, atomic publication."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from exl3tool.cartridge import spec, stage
+from exl3tool.cartridge.stage import StageError, stage_cartridge
+from exl3tool.checks.cartridge import check_cartridge
+from exl3tool.checks.options import ValidateOptions
+from exl3tool.errors import OutputError
+from exl3tool.findings import Findings
+from exl3tool.synth.msrt import build_base, refresh_shards, rewrite_shard
+
+SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "exl3tool-staging-1.schema.json"
+
+
+def tree(d: Path) -> dict[str, bytes]:
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def siblings(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.iterdir() if p.name != "src")
+
+
+@pytest.fixture()
+def src(msrt, tmp_path) -> Path:
+    d = tmp_path / "src"
+    shutil.copytree(msrt["full"], d)
+    return d
+
+
+def validate(out: Path, base: Path, tp: int) -> Findings:
+    f = Findings()
+    check_cartridge(out, f, ValidateOptions(base=base, tp=tp, hash=True))
+    return f
+
+
+@pytest.mark.parametrize("tp", [None, 1, 2])
+def test_stage_validates_and_is_deterministic(msrt, src, tmp_path, tp):
+    out = tmp_path / "out"
+    res = stage_cartridge(src, msrt["base"], out=out, tp=tp)
+    assert not list(validate(out, msrt["base"], tp or 1))
+    rec = json.loads((out / stage.STAGING_FILE).read_text())
+    jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text())).validate(rec)
+    assert rec == res.staging and rec["tp_size"] == (tp or 1) and rec["converted"] == (tp == 2)
+    assert rec["layout"] == ("rank-sharded" if tp == 2 else "full")
+    assert len(rec["ranks"]) == (tp or 1)
+    if tp != 2:  # copied as is
+        assert tree(out) | {stage.STAGING_FILE: b""} == tree(src) | {stage.STAGING_FILE: b""}
+    first = tree(out)
+    stage_cartridge(src, msrt["base"], out=out, tp=tp, force=True)
+    assert tree(out) == first
+    assert siblings(out) == ["out"]
+
+
+def test_matching_sharded_input_is_copied(msrt, tmp_path):
+    out = tmp_path / "out"
+    stage_cartridge(msrt["sharded"], msrt["base"], out=out, tp=2)
+    for name, data in tree(msrt["sharded"]).items():
+        assert (out / name).read_bytes() == data
+    with pytest.raises(StageError) as exc:
+        stage_cartridge(msrt["sharded"], msrt["base"], out=tmp_path / "o4", tp=4)
+    assert "CA075" in exc.value.findings.codes()
+    assert not (tmp_path / "o4").exists()
+
+
+def test_existing_out_untouched_without_force(msrt, src, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    with pytest.raises(OutputError, match="--force"):
+        stage_cartridge(src, msrt["base"], out=out)
+    assert tree(out) == {"keep": b"x"}
+
+
+def _failing(msrt, src, tmp_path, code: str) -> None:
+    """The failure leaves no OUT, and an existing OUT (with --force) unchanged."""
+    out = tmp_path / "out"
+    with pytest.raises(StageError) as exc:
+        stage_cartridge(src, msrt["base"], out=out)
+    assert code in exc.value.findings.codes(), [(f.code, f.message) for f in exc.value.findings]
+    assert not out.exists() and siblings(out) == []
+    out.mkdir()
+    (out / "keep").write_text("x")
+    with pytest.raises(StageError):
+        stage_cartridge(src, msrt["base"], out=out, force=True)
+    assert tree(out) == {"keep": b"x"} and siblings(out) == ["out"]
+
+
+def test_bad_hash(msrt, src, tmp_path):
+    m = json.loads((src / spec.ADAPTER_CONFIG).read_text())
+    m["shards"][1]["sha256"] = "0" * 64
+    (src / spec.ADAPTER_CONFIG).write_text(json.dumps(m))
+    _failing(msrt, src, tmp_path, "CA005")
+
+
+def test_bad_rule(msrt, src, tmp_path):
+    import numpy as np
+
+    name = spec.stage_key(3, 0, "gate_proj", 0, "scale", "k3")
+    rewrite_shard(src / "model-layer-003-b000.safetensors", lambda t: {**t, name: np.array(1e-40, np.float32)})
+    refresh_shards(src)
+    _failing(msrt, src, tmp_path, "CA058")
+
+
+def test_wrong_base(msrt, src, tmp_path):
+    other = build_base(tmp_path / "other", hidden=128, intermediate=256, seed=1)
+    with pytest.raises(StageError) as exc:
+        stage_cartridge(src, other, out=tmp_path / "out")
+    assert {"CA071", "CA072"} <= exc.value.findings.codes()
+    assert not (tmp_path / "out").exists()
+
+
+def test_source_changed_mid_copy(msrt, src, tmp_path, monkeypatch):
+    def hook(path: str, done: int) -> None:
+        with open(src / path, "ab") as fh:  # grows (and re-stamps) the source while it is copied
+            fh.write(b"\0")
+
+    monkeypatch.setattr(stage, "copy_hook", hook)
+    out = tmp_path / "out"
+    with pytest.raises(StageError) as exc:
+        stage_cartridge(src, msrt["base"], out=out)
+    assert "ST023" in exc.value.findings.codes()
+    assert not out.exists() and siblings(out) == []
+
+
+def test_disk_full(msrt, src, tmp_path, monkeypatch):
+    def full(dst, chunk):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(stage, "_write_all", full)
+    out = tmp_path / "out"
+    with pytest.raises(OutputError, match="No space left"):
+        stage_cartridge(src, msrt["base"], out=out)
+    assert not out.exists() and siblings(out) == []
+
+
+def test_symlinked_shard_refused(msrt, src, tmp_path):
+    target = tmp_path / "elsewhere.safetensors"
+    shutil.move(src / "model-layer-004-b000.safetensors", target)
+    (src / "model-layer-004-b000.safetensors").symlink_to(target)
+    with pytest.raises(StageError) as exc:
+        stage_cartridge(src, msrt["base"], out=tmp_path / "out")
+    assert "PA002" in exc.value.findings.codes()
+
+
+def test_leftovers_of_a_killed_run_are_cleaned(msrt, src, tmp_path):
+    leftover = tmp_path / ".out.tmp-deadbeef"
+    leftover.mkdir()
+    (leftover / "half.safetensors").write_bytes(b"x")
+    stage_cartridge(src, msrt["base"], out=tmp_path / "out")
+    assert not leftover.exists()

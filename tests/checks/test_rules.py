@@ -1,0 +1,271 @@
+"""Every EX/R7/RS rule: a valid artifact passes; each defect, injected alone, is reported with
+its code, the file and the tensor or JSON pointer, and fails validation when it is an error."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from checks_fixtures import copy, edit_block, edit_json, edit_qc, edit_shard, move_tensor
+
+from exl3tool.checks.options import ValidateOptions
+from exl3tool.checks.validate import validate_path
+from exl3tool.findings import Severity, all_rules, get_rule
+from exl3tool.report.model import Report
+
+L1 = "r7-experts-layer-001.safetensors"
+L2 = "r7-experts-layer-002.safetensors"
+M1 = "r7-experts-layer-001.json"
+MTP = "model-mtp.safetensors"
+E0 = "model.layers.1.mlp.experts.0"
+R0 = "model.layers.3.mlp.experts.0"  # carried MTP layer, rank-sliced
+Q = "model.layers.0.self_attn.q_proj"  # mcg linear of the plain EXL3 checkpoint
+K = "model.layers.0.self_attn.k_proj"  # mul1 linear
+
+
+def shard_of(root: Path, name: str) -> str:
+    """The shard holding `name`, or for a new tensor the shard of its linear's trellis."""
+    idx = root / "model.safetensors.index.json"
+    if not idx.is_file():
+        return "model.safetensors"
+    wm = json.loads(idx.read_text())["weight_map"]
+    return wm.get(name) or wm[name.rpartition(".")[0] + ".trellis"]
+
+
+def tensor_edit(name: str, fn: Callable[[dict], object]) -> Callable[[Path], None]:
+    return lambda root: edit_shard(root, shard_of(root, name), fn)
+
+
+def drop(name: str) -> Callable[[Path], None]:
+    return tensor_edit(name, lambda t: t.pop(name))
+
+
+def put(name: str, dtype: str, array: np.ndarray, where: str | None = None) -> Callable[[Path], None]:
+    def go(root: Path) -> None:
+        edit_shard(root, where or shard_of(root, name), lambda t: t.update({name: (dtype, array)}))
+
+    return go
+
+
+def trellis(rows: int, cols: int, last: int) -> np.ndarray:
+    return np.zeros((rows, cols, last), dtype="<i2")
+
+
+def f16(n: int, value: float = 0.01) -> np.ndarray:
+    return np.full((n,), value, dtype="<f2")
+
+
+def storage(fn: Callable[[dict], object]) -> Callable[[Path], None]:
+    return lambda root: edit_json(root / "quantization_config.json", lambda q: fn(q["tensor_storage"]))
+
+
+def manifest(fn: Callable[[dict], object], name: str = M1) -> Callable[[Path], None]:
+    return lambda root: edit_json(root / name, fn)
+
+
+def ckpt_manifest(fn: Callable[[dict], object]) -> Callable[[Path], None]:
+    return lambda root: edit_json(root / "MANIFEST.json", fn)
+
+
+def tail(fn: Callable[[dict], object]) -> Callable[[Path], None]:
+    return lambda root: edit_json(root / "config.json", lambda c: fn(c["hybrid_tr3_tail"]))
+
+
+def config(fn: Callable[[dict], object]) -> Callable[[Path], None]:
+    return lambda root: edit_json(root / "config.json", fn)
+
+
+def unlink(name: str) -> Callable[[Path], None]:
+    return lambda root: (root / name).unlink()
+
+
+def set_marker(name: str, value: int) -> Callable[[Path], None]:
+    return put(name, "I32", np.array(value, dtype="<i4"))
+
+
+def nonfinite(name: str) -> Callable[[Path], None]:
+    def fn(t: dict) -> None:
+        dtype, a = t[name]
+        a = a.copy()
+        a[3] = np.inf
+        t[name] = (dtype, a)
+
+    return tensor_edit(name, fn)
+
+
+@dataclass(frozen=True)
+class Case:
+    code: str
+    artifact: str
+    mutate: Callable[[Path], None]
+    options: ValidateOptions = ValidateOptions()
+    id: str = ""
+
+
+HASH = ValidateOptions(hash=True)
+# Rules about a whole file (absent, or its bytes): the file is the location.
+WHOLE_FILE = {"CK013", "R7040", "R7046", "R7050", "R7052"}
+
+CASES = [
+    # --- the block -------------------------------------------------------------------------
+    Case("R7001", "r7", lambda r: edit_qc(r, lambda q: q.update(r7_routed_experts=[1]))),
+    Case("R7002", "r7", lambda r: edit_block(r, lambda b: b.update(schema="r7-v3"))),
+    Case("R7003", "r7", lambda r: edit_block(r, lambda b: b.update(codebook="mul1"))),
+    Case("R7003", "r7", lambda r: edit_block(r, lambda b: b.update(bits=3.5)), id="bits"),
+    Case("R7004", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[True, 2])), id="bool"),
+    Case("R7004", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[1.0, 2])), id="float"),
+    Case("R7004", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[2, 1])), id="reversed"),
+    Case("R7004", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[1])), id="one"),
+    Case("R7004", "r7", lambda r: edit_block(r, lambda b: b.pop("moe_layers")), id="absent"),
+    Case("R7005", "r7", lambda r: edit_block(r, lambda b: b.update(k_values=[])), id="empty"),
+    Case("R7005", "r7", lambda r: edit_block(r, lambda b: b.update(k_values=[3.0, 4, 5])), id="float"),
+    Case("R7005", "r7", lambda r: edit_block(r, lambda b: b.update(k_values=[True, 4])), id="bool"),
+    Case("R7005", "r7", lambda r: edit_block(r, lambda b: b.update(k_values=[3, 4, 6])), id="six"),
+    Case("R7006", "r7", lambda r: edit_block(r, lambda b: b.update(target_bpw=3.5))),
+    Case("R7010", "r7", lambda r: edit_json(r / "quantization_config.json", lambda q: q["r7_routed_experts"].update(target_bpw="9"))),
+    Case("R7011", "r7", config(lambda c: c.pop("quantization_config"))),
+    Case("CK013", "r7", unlink("quantization_config.json")),
+    Case("R7020", "r7", config(lambda c: c.pop("n_routed_experts"))),
+    Case("R7021", "r7", config(lambda c: c.update(hidden_size=100))),
+    # --- tensors ---------------------------------------------------------------------------
+    Case("R7022", "r7", lambda r: edit_shard(r, L2, lambda t: t.clear())),
+    Case("R7023", "r7", drop(f"{E0}.up_proj.svh")),
+    Case("R7023", "r7", drop(f"{E0}.down_proj.trellis"), id="trellis"),
+    Case("R7024", "r7", lambda r: edit_block(r, lambda b: b.update(k_values=[3, 4]))),
+    Case("R7025", "r7", config(lambda c: c.update(moe_intermediate_size=256))),
+    Case("R7025", "r7", put(f"{E0}.gate_proj.trellis", "I16", trellis(8, 8, 40)), id="k-not-16"),
+    Case("R7026", "r7", drop(f"{E0}.gate_proj.mcg")),
+    Case("EX010", "r7", put(f"{E0}.gate_proj.mcg", "I64", np.array(-877912083, dtype="<i8"))),
+    Case("EX011", "r7", set_marker(f"{E0}.gate_proj.mcg", 0)),
+    Case("EX013", "r7", nonfinite(f"{E0}.down_proj.suh")),
+    Case("EX013", "r7", nonfinite("model.layers.2.mlp.experts.r7_shared.down_svh"), id="shared"),
+    Case("R7027", "r7", put(f"{E0}.gate_proj.svh", "F16", f16(64))),
+    Case("R7028", "r7", drop("model.layers.1.mlp.experts.r7_shared.gate_up_suh")),
+    Case("R7029", "r7", put(f"{E0}.gate_proj.suh", "F16", f16(128), L1)),
+    Case("R7031", "r7", put("model.layers.1.mlp.experts.7.gate_proj.mcg", "I32", np.array(-877912083, dtype="<i4"), L1)),
+    Case("R7031", "r7", put("model.layers.0.mlp.experts.0.gate_proj.mcg", "I32", np.array(-877912083, dtype="<i4"), L1), id="layer"),
+    Case("R7032", "r7", lambda r: edit_shard(r, L1, lambda t: None, lambda m: m.update(r7_layer="9"))),
+    Case("R7033", "r7", lambda r: (move_tensor(r, f"{E0}.up_proj.trellis", L1, "model-carrier-00001-of-00001.safetensors"), manifest(lambda m: m["payload_sha256"].pop(f"{E0}.up_proj.trellis"))(r))),
+    Case("R7034", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[1, 9]))),
+    # --- manifests -------------------------------------------------------------------------
+    Case("R7040", "r7", unlink(M1)),
+    Case("R7041", "r7", lambda r: edit_block(r, lambda b: b["bit_map_manifests"].pop())),
+    Case("R7042", "r7", manifest(lambda m: m.update(allocation_bit_units="x"))),
+    Case("R7042", "r7", manifest(lambda m: m.pop("bit_map")), id="required"),
+    Case("R7043", "r7", manifest(lambda m: m["bit_map"].update({f"{E0}.gate_proj": 8}))),
+    Case("R7043", "r7", manifest(lambda m: m["bit_map"].update({"model.layers.1.mlp.experts.9.up_proj": 3})), id="extra"),
+    Case("R7044", "r7", manifest(lambda m: m.update(allocation_bit_units=m["allocation_bit_units"] + 1))),
+    Case("R7045", "r7", manifest(lambda m: m["payload_sha256"].update({f"{E0}.up_proj.trellis": "a" * 64})), HASH),
+    Case("R7046", "r7", manifest(lambda m: m.update(shard_sha256="b" * 64)), HASH),
+    Case("R7047", "r7", manifest(lambda m: m.update(layer=9))),
+    Case("R7047", "r7", manifest(lambda m: m["payload_sha256"].update({"model.nope": "c" * 64})), id="stray"),
+    Case("R7048", "r7", manifest(lambda m: m.pop("provenance"))),
+    Case("R7050", "r7", unlink("MANIFEST.json")),
+    Case("R7051", "r7", ckpt_manifest(lambda m: m["files_sha256"].update({"config.json": "d" * 64})), HASH),
+    Case("R7051", "r7", lambda r: (r / "config.json").write_text((r / "config.json").read_text() + " "), HASH, id="file-changed"),
+    Case("R7052", "r7", lambda r: (r / "MANIFEST.sha256").write_text("garbage\n")),
+    Case("R7052", "r7", lambda r: (r / "MANIFEST.sha256").write_text("e" * 64 + "  MANIFEST.json\n"), HASH, id="wrong"),
+    Case("R7053", "r7", ckpt_manifest(lambda m: m["files_sha256"].update({"nope.bin": "f" * 64}))),
+    Case("R7053", "r7", ckpt_manifest(lambda m: m["files_sha256"].update({"../x": "f" * 64})), id="escape"),
+    Case("R7054", "r7", ckpt_manifest(lambda m: m["r7_layer_manifest_sha256"].update({"1": "0" * 64})), HASH),
+    # --- carried MTP layer, TP ------------------------------------------------------------
+    Case("R7060", "r7", tail(lambda t: t.pop("r7_compat_role"))),
+    Case("R7060", "r7", tail(lambda t: t.update(moe_layers=[2, 3])), id="overlap"),
+    Case("R7070", "r7", lambda r: None, ValidateOptions(tp=3)),
+    Case("RS001", "r7", tail(lambda t: t.update(bits="x"))),
+    Case("RS001", "r7", tail(lambda t: t.update(format="fp8")), id="format"),
+    Case("RS002", "r7", tail(lambda t: t.update(tensor_schema="model.layers.{L}.x"))),
+    Case("RS003", "r7", tail(lambda t: t.update(experts_per_layer=3))),
+    Case("RS004", "r7", lambda r: None, ValidateOptions(tp=2)),
+    Case("RS005", "r7", drop(f"{R0}.up_proj.rank0.svh")),
+    Case("RS006", "r7", put(f"{R0}.down_proj.rank0.suh", "F16", f16(64))),
+    Case("RS006", "r7", put(f"{R0}.down_proj.rank0.trellis", "I16", trellis(8, 4, 64)), id="trellis"),
+    Case("RS007", "r7", put("model.layers.3.mlp.experts.0.gate_proj.rank1.mcg", "I32", np.array(-877912083, dtype="<i4"), MTP)),
+    Case("RS008", "r7", tail(lambda t: t.update(bits=5.0))),
+    Case("RS010", "r7", tail(lambda t: t.update(rotation_layout="twisted"))),
+    Case("RS010", "r7", tail(lambda t: t.update(rotation_layout="shared_h_v1")), id="shared-h"),
+    Case("RS011", "r7", tail(lambda t: t.update(bits="mixed"))),
+    Case("RS009", "rank-sliced", config(lambda c: c.update(moe_intermediate_size=128))),
+    Case("RS005", "rank-sliced", drop("model.layers.1.mlp.experts.2.down_proj.rank1.trellis"), id="legacy"),
+    # --- plain EXL3 ----------------------------------------------------------------------------
+    Case("EX001", "exl3", put(f"{Q}.trellis", "I32", np.zeros((16, 16, 32), dtype="<i4"))),
+    Case("EX002", "exl3", put(f"{Q}.trellis", "I16", trellis(16, 16, 20))),
+    Case("EX003", "exl3", put(f"{Q}.trellis", "I16", trellis(16, 16, 40))),
+    Case("EX004", "exl3", drop(f"{Q}.suh")),
+    Case("EX005", "exl3", drop(f"{Q}.svh")),
+    Case("EX006", "exl3", drop(f"{Q}.trellis")),
+    Case("EX007", "exl3", put(f"{Q}.suh", "F16", f16(128))),
+    Case("EX008", "exl3", put(f"{Q}.svh", "F16", f16(128))),
+    Case("EX009", "exl3", lambda r: (put(f"{Q}.trellis", "I16", trellis(4, 16, 32))(r), put(f"{Q}.suh", "F16", f16(64))(r))),
+    Case("EX010", "exl3", put(f"{Q}.mcg", "F32", np.array(1.0, dtype="<f4")), id="plain"),
+    Case("EX011", "exl3", set_marker(f"{K}.mul1", -877912083), id="plain"),
+    Case("EX012", "exl3", set_marker(f"{Q}.mul1", -2082680531)),
+    Case("EX013", "exl3", nonfinite(f"{Q}.svh"), id="plain"),
+    Case("EX014", "exl3", lambda r: (drop(f"{Q}.suh")(r), put(f"{Q}.su", "I16", np.zeros(16, dtype="<i2"))(r), storage(lambda s: s[Q]["stored_tensors"].update({f"{Q}.su": s[Q]["stored_tensors"].pop(f"{Q}.suh") | {"shape": [16], "n_bytes": 32, "dtype": "torch.int16"}}))(r))),
+    Case("EX015", "exl3", put(f"{Q}.bias", "F16", f16(100))),
+    Case("EX016", "exl3", put(f"{Q}.scale", "F16", f16(1))),
+    Case("EX017", "exl3", lambda r: [edit_shard(r, lb, lambda t: [t.pop(n) for n in list(t) if not n.endswith("weight")]) for lb in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")]),
+    Case("EX020", "exl3", lambda r: edit_json(r / "quantization_config.json", lambda q: q.pop("tensor_storage"))),
+    Case("EX021", "exl3", storage(lambda s: s[Q]["stored_tensors"].update({f"{Q}.bias": {"shape": [256], "n_bytes": 512, "dtype": "torch.float16"}}))),
+    Case("EX022", "exl3", storage(lambda s: s.pop(Q))),
+    Case("EX023", "exl3", storage(lambda s: s[Q]["stored_tensors"][f"{Q}.svh"].update(shape=[3]))),
+    Case("EX024", "exl3", storage(lambda s: s[Q].update(bits_per_weight=7))),
+    Case("EX025", "exl3", storage(lambda s: s[Q].pop("stored_tensors"))),
+    Case("EX025", "exl3", storage(lambda s: s[Q]["stored_tensors"].pop(f"{Q}.suh")), id="no-suh"),
+    Case("EX026", "exl3", storage(lambda s: s[K].update(mcg_multiplier=3417055213))),
+    Case("EX027", "exl3", config(lambda c: c["quantization_config"].update(bits=9.99))),
+]
+
+
+def _id(case: Case) -> str:
+    return f"{case.code}-{case.id}" if case.id else case.code
+
+
+def run(root: Path, options: ValidateOptions = ValidateOptions()) -> Report:
+    ref, findings = validate_path(root, options)
+    return Report([ref], findings)
+
+
+@pytest.mark.parametrize("kind", ["r7", "exl3", "rank-sliced"])
+@pytest.mark.parametrize("hash_", [False, True])
+def test_valid_artifact_has_no_errors_or_warnings(pristine: dict[str, Path], kind: str, hash_: bool) -> None:
+    report = run(pristine[kind], ValidateOptions(hash=hash_))
+    assert report.artifacts[0].kind == kind
+    bad = [f for f in report.findings if f.level is not Severity.INFO]
+    assert bad == []
+    assert report.exit_code(strict=True) == 0
+
+
+def test_valid_r7_reports_stamp_tiers_and_unverified_digests(pristine: dict[str, Path]) -> None:
+    codes = [f.code for f in run(pristine["r7"]).findings]
+    assert codes.count("R7030") == 2  # one tier line per MoE layer
+    assert {"R7012", "R7049"} <= set(codes)
+    assert "R7049" not in run(pristine["r7"], HASH).findings.codes()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_each_defect_is_reported(pristine: dict[str, Path], tmp_path: Path, case: Case) -> None:
+    root = copy(pristine[case.artifact], tmp_path / "ckpt")
+    case.mutate(root)
+    report = run(root, case.options)
+    hits = [f for f in report.findings if f.code == case.code]
+    assert hits, f"{case.code} not reported; got {sorted(report.findings.codes())}"
+    for f in hits:
+        file = f.location.file or ""
+        assert file.startswith(str(root) + "/"), f"no file inside the artifact: {f.location}"
+        assert f.location.tensor or f.location.pointer or case.code in WHOLE_FILE, f.location
+    if get_rule(case.code).severity is Severity.ERROR:
+        assert report.exit_code() == 1
+    else:
+        assert report.exit_code() == 0
+
+
+def test_every_declared_rule_has_a_triggering_case() -> None:
+    families = ("EX", "R7", "RS")
+    declared = {r.code for r in all_rules() if r.code[:-3] in families}
+    triggered = {c.code for c in CASES} | {"R7012", "R7030", "R7049"}  # infos of a valid R7
+    assert declared - triggered == set()

@@ -1,0 +1,106 @@
+"""The MSRT base compatibility identity (msrt-cartridge-format.md §6)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+from identity_fixtures import expert_tensors, rank_slice, write_checkpoint, write_shard
+
+from exl3tool.findings import Findings
+from exl3tool.formats.checkpoint import load_checkpoint
+from exl3tool.formats.exl3 import MCG_MARKER
+from exl3tool.formats.names import PROJECTIONS
+from exl3tool.identity.compat import compat_identity, layer_digest, root_digest, tensor_record
+
+LAYER_3 = "3518095ac1ae5fd32f775862acce5daa5f0c8a4c96fb308b45df4e95da377d58"
+ROOT = "cbb1f591900487ad16f33fd2d33174beb09d55d301f164aff37ed829f712ce01"
+
+
+def _vector_tensors() -> dict[str, np.ndarray]:
+    out = {}
+    for proj in PROJECTIONS:
+        p = f"model.layers.3.mlp.experts.0.{proj}.rank0"
+        out[f"{p}.trellis"] = np.zeros((8, 8, 32), np.int16)
+        out[f"{p}.suh"] = np.zeros(128, np.float16)
+        out[f"{p}.svh"] = np.zeros(128, np.float16)
+        out[f"{p}.mcg"] = np.array(MCG_MARKER, np.int32)
+    return out
+
+
+def test_vector_from_records() -> None:
+    z4096 = hashlib.sha256(bytes(4096)).hexdigest()
+    z256 = hashlib.sha256(bytes(256)).hexdigest()
+    mcg = hashlib.sha256(bytes.fromhex("ed1faccb")).hexdigest()
+    assert mcg == "ade4fb124dda0f3537386cdd4a3cdcea3a223d386e506a4be89394bb33ee13fe"
+    recs = []
+    for proj in reversed(PROJECTIONS):  # order must not matter
+        p = f"model.layers.3.mlp.experts.0.{proj}"
+        recs += [
+            tensor_record(f"{p}.trellis", "I16", (8, 8, 32), z4096),
+            tensor_record(f"{p}.suh", "F16", (128,), z256),
+            tensor_record(f"{p}.svh", "F16", (128,), z256),
+            tensor_record(f"{p}.mcg", "I32", (), mcg),
+        ]
+    assert layer_digest(3, 2, recs) == LAYER_3
+    assert root_digest(2, {3: LAYER_3}) == ROOT
+    assert root_digest(2, {"3": LAYER_3}) == ROOT
+
+
+def test_vector_from_checkpoint(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, _vector_tensors())
+    ckpt = load_checkpoint(tmp_path, Findings())
+    ident = compat_identity(ckpt)
+    assert ident.problems == []
+    assert (ident.k, ident.layers, ident.root) == (2, {"3": LAYER_3}, ROOT)
+
+
+def test_layer_keys_sort_as_strings() -> None:
+    a = root_digest(3, {10: "a" * 64, 3: "b" * 64})
+    b = root_digest(3, {"3": "b" * 64, "10": "a" * 64})
+    assert a == b
+
+
+def test_rank0_plain_and_rank_sliced_agree(tmp_path: Path) -> None:
+    full = expert_tensors([1, 10], 2, k=3)
+    base = expert_tensors([1, 10], 2, k=3, rank0=True)
+    write_checkpoint(tmp_path / "plain", full, shards=2)
+    write_checkpoint(tmp_path / "base", base, shards=3)
+    write_checkpoint(tmp_path / "sliced", rank_slice(full, 2), shards=2)
+    ids = [
+        compat_identity(load_checkpoint(tmp_path / d, Findings()))
+        for d in ("plain", "base", "sliced")
+    ]
+    assert all(i.problems == [] for i in ids), [i.problems for i in ids]
+    assert ids[0].k == 3 and set(ids[0].layers) == {"1", "10"}
+    assert ids[0].root == ids[1].root == ids[2].root
+    assert ids[0].layers == ids[1].layers == ids[2].layers
+
+
+def test_problems_instead_of_crash(tmp_path: Path) -> None:
+    t = _vector_tensors()
+    del t["model.layers.3.mlp.experts.0.up_proj.rank0.svh"]
+    t["model.layers.3.mlp.experts.0.down_proj.rank0.mcg"] = np.array(7, np.int32)
+    write_shard(tmp_path / "m.safetensors", t)
+    ident = compat_identity(load_checkpoint(tmp_path / "m.safetensors", Findings()))
+    text = " ".join(p.message for p in ident.problems)
+    assert "lacks svh" in text and "mcg marker" in text
+    assert ident.root is not None and ident.layers["3"] != LAYER_3
+
+
+def test_mixed_k_has_no_root(tmp_path: Path) -> None:
+    t = expert_tensors([0], 1, k=2)
+    t["model.layers.0.mlp.experts.0.up_proj.trellis"] = np.zeros((8, 16, 64), np.int16)
+    write_shard(tmp_path / "m.safetensors", t)
+    ident = compat_identity(load_checkpoint(tmp_path / "m.safetensors", Findings()))
+    assert ident.k is None and ident.root is None
+    assert any("one K" in p.message for p in ident.problems)
+    forced = compat_identity(load_checkpoint(tmp_path / "m.safetensors", Findings()), k=2)
+    assert forced.k == 2 and forced.root is not None
+
+
+def test_no_experts(tmp_path: Path) -> None:
+    write_shard(tmp_path / "m.safetensors", {"w": np.zeros(4, np.float32)})
+    ident = compat_identity(load_checkpoint(tmp_path / "m.safetensors", Findings()))
+    assert ident.root is None and ident.problems

@@ -1,0 +1,96 @@
+"""The hashing engine: digests equal hashlib/blake3 of the raw bytes, whatever the threads."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+import blake3
+import numpy as np
+import pytest
+from identity_fixtures import write_shard
+
+from exl3tool.errors import UsageError
+from exl3tool.findings import Findings
+from exl3tool.identity import engine
+from exl3tool.identity.engine import Segment, hash_files, hash_segments, hash_tensors, new_hasher
+from exl3tool.io.safetensors import read_header
+
+REF = {
+    "sha256": lambda b: hashlib.sha256(b).hexdigest(),
+    "blake3": lambda b: blake3.blake3(b).hexdigest(),
+}
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+        self._lock = threading.Lock()
+
+    def advance(self, n: int = 1) -> None:
+        with self._lock:
+            self.n += n
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(1)
+    tensors = {f"t{i}": rng.integers(0, 255, int(n), dtype=np.uint8) for i, n in
+               enumerate(rng.integers(0, 300_000, 12))}  # fmt: skip
+    tensors["empty"] = np.zeros(0, np.uint8)
+    write_shard(tmp_path / "a.safetensors", tensors)
+    return tmp_path / "a.safetensors"
+
+
+@pytest.mark.parametrize("algo", ["sha256", "blake3"])
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_tensors_match_reference(
+    shard: Path, algo: str, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tiny chunks and a tiny multi-thread threshold exercise every path on small data
+    monkeypatch.setattr(engine, "CHUNK", 4096)
+    monkeypatch.setattr(engine, "MT_CHUNK", 65536)
+    monkeypatch.setattr(engine, "MT_MIN", 1024)
+    monkeypatch.setattr(engine, "DROP_EVERY", 8192)
+    st = read_header(shard, Findings())
+    assert st is not None
+    raw = shard.read_bytes()
+    counter = Counter()
+    got = hash_tensors(
+        ((n, st, t) for n, t in st.tensors.items()), algo, threads=threads, progress=counter
+    )
+    want = {n: REF[algo](raw[slice(*st.span(n))]) for n in st.tensors}
+    assert got == want
+    assert list(got) == list(st.tensors)  # input order kept
+    assert counter.n == sum(t.nbytes for t in st.tensors.values())
+
+
+@pytest.mark.parametrize("algo", ["sha256", "blake3"])
+def test_segments_concatenate(shard: Path, algo: str) -> None:
+    raw = shard.read_bytes()
+    segs = [Segment(shard, 100, 5000), Segment(shard, 7, 9), Segment(shard, 4000, 4000)]
+    got = hash_segments([("x", segs)], algo)
+    assert got == {"x": REF[algo](raw[100:5000] + raw[7:9])}
+
+
+@pytest.mark.parametrize("algo", ["sha256", "blake3"])
+def test_files(tmp_path: Path, shard: Path, algo: str) -> None:
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    got = hash_files([shard, empty], algo, threads=2)
+    assert got == {shard: REF[algo](shard.read_bytes()), empty: REF[algo](b"")}
+
+
+def test_unknown_algo() -> None:
+    with pytest.raises(UsageError):
+        new_hasher("md5")
+
+
+def test_truncated_file_is_input_error(tmp_path: Path) -> None:
+    from exl3tool.errors import InputError
+
+    p = tmp_path / "f"
+    p.write_bytes(b"abc")
+    with pytest.raises(InputError):
+        hash_segments([("x", [Segment(p, 0, 10)])])

@@ -1,0 +1,190 @@
+"""The strict header reader beyond the corpus: properties, differential on valid files, ST023."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+import corpus
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+
+from exl3tool.findings import Findings
+from exl3tool.io import rules
+from exl3tool.io import safetensors as stmod
+from exl3tool.io.safetensors import escape_name, is_unsafe_name, read_header
+from exl3tool.io.st_writer import write_arrays
+from exl3tool.io.views import TensorReader
+
+_TMP = Path(tempfile.mkdtemp(prefix="exl3tool-st-"))
+
+
+def _parse(
+    data: bytes, name: str = "h.safetensors"
+) -> tuple[stmod.SafetensorsFile | None, Findings]:
+    p = _TMP / name
+    p.write_bytes(data)
+    fs = Findings()
+    return read_header(p, fs, name), fs
+
+
+def test_every_st_rule_is_covered_by_the_corpus_or_here() -> None:
+    st_codes = {r.code for r in vars(rules).values() if isinstance(r, type(rules.ST_SHORT))}
+    st_codes = {c for c in st_codes if c.startswith("ST")}
+    covered = {d.code for d in corpus.CORPUS} | {"ST023"}  # ST023: test_file_changed_*
+    assert st_codes == covered
+
+
+def test_file_changed_while_reading(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    data = corpus.one(corpus.F32_4)
+    p = _TMP / "shrinks.safetensors"
+    p.write_bytes(data)
+    real_open = open
+
+    class Shrinking(io.BufferedReader):
+        def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+            out = super().read(n)
+            return out if n == 8 else out[: len(out) // 2]
+
+    def fake_open(path, mode="r", *a, **kw):  # type: ignore[no-untyped-def]
+        return Shrinking(real_open(path, "rb", buffering=0))
+
+    monkeypatch.setattr(stmod, "open", fake_open, raising=False)
+    fs = Findings()
+    assert read_header(p, fs, "x") is None
+    assert fs.codes() == {"ST023"}
+
+
+def test_valid_file_model() -> None:
+    sf, fs = _parse(corpus.VALID["two-tensors-metadata"]())
+    assert sf is not None and not fs
+    assert sf.metadata == {"format": "pt"}
+    a = sf.tensors["a"]
+    assert (a.dtype, a.shape, a.begin, a.end, a.nbytes, a.numel) == ("I16", (2, 2), 0, 8, 8, 4)
+    assert sf.span("b") == (sf.data_start + 8, sf.data_start + 16)
+    assert sf.data_start % 8 == 0
+    assert sf.stamp.size == sf.file_size == sf.data_start + 16
+
+
+def test_duplicate_inside_an_entry_points_at_the_tensor() -> None:
+    hdr = '{"w":{"dtype":"F32","dtype":"F32","shape":[4],"data_offsets":[0,16]}}'
+    _, fs = _parse(corpus.text(hdr, corpus.DATA16))
+    (dup,) = [f for f in fs if f.code == "ST006"]
+    assert dup.location.tensor == "w" and dup.location.pointer == "/w/dtype"
+    hdr = '{"__metadata__":{"a":"1","a":"2"},' + corpus._E[1:]
+    _, fs = _parse(corpus.text(hdr, corpus.DATA16))
+    (dup,) = [f for f in fs if f.code == "ST006"]
+    assert dup.location.tensor is None and dup.location.pointer == "/__metadata__/a"
+
+
+def test_malformed_entry_does_not_cascade_into_layout_findings() -> None:
+    data = corpus.obj(
+        {
+            "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "b": {"dtype": "Q8", "shape": [2], "data_offsets": [8, 16]},
+        },
+        corpus.DATA16,
+    )
+    sf, fs = _parse(data)
+    assert fs.codes() == {"ST010"} and sf is not None and list(sf.tensors) == ["a"]
+    assert sf.invalid_entries == 1
+
+
+def test_huge_int_reported_once_under_its_field() -> None:
+    _, fs = _parse(corpus.text(corpus._E.replace("[4]", f"[{2**70}]"), corpus.DATA16))
+    assert [f.code for f in fs] == ["ST011"]
+
+
+def test_names() -> None:
+    for bad in ("..", "../x", "a/b", "a\\b", "x/..", "a\x00", "a\x1b[0m", "a\x7f", "\ud800"):
+        assert is_unsafe_name(bad), bad
+    for ok in ("model.layers.0.mlp.experts.3.gate_proj.trellis", "a..b", "w", "ünïcode"):
+        assert not is_unsafe_name(ok), ok
+    assert escape_name("a\x1b[31m") == "a\\x1b[31m"
+    _, fs = _parse(corpus.one(corpus.F32_4, name="a\x1b[31mb"))
+    (f,) = list(fs)
+    assert f.location.tensor == "a\\x1b[31mb" and "\x1b" not in f.message
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=200))
+def test_read_header_never_raises_on_arbitrary_bytes(data: bytes) -> None:
+    _parse(data)
+
+
+_JSONISH = st.text(alphabet='{}[]":,0123456789-.eE tnrufalsNIy\\dtypeshapdaofF32', max_size=120)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSONISH, st.binary(max_size=40), st.booleans())
+def test_read_header_never_raises_on_jsonish_headers(h: str, data: bytes, pad: bool) -> None:
+    _parse(corpus.text(h, data, pad=pad))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_read_header_never_raises_on_mutated_valid_files(d: st.DataObject) -> None:
+    blob = bytearray(corpus.VALID["two-tensors-metadata"]())
+    for _ in range(d.draw(st.integers(1, 4))):
+        i = d.draw(st.integers(0, len(blob) - 1))
+        blob[i] = d.draw(st.integers(0, 255))
+    _, fs = _parse(bytes(blob))
+    assert all(f.location.file == "h.safetensors" for f in fs)
+
+
+_DTYPES = ["float32", "float16", "int16", "int32", "uint8", "int8", "int64", "float64", "bool"]
+_NAME = st.text(alphabet="abcdefghij_.0123456789", min_size=1, max_size=12).filter(
+    lambda s: not is_unsafe_name(s) and s != "__metadata__"
+)
+
+
+@st.composite
+def tensor_sets(draw: st.DrawFn) -> dict[str, np.ndarray]:
+    names = draw(st.lists(_NAME, min_size=0, max_size=5, unique=True))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    out = {}
+    for n in names:
+        shape = tuple(draw(st.lists(st.integers(0, 5), max_size=3)))
+        dt = np.dtype(draw(st.sampled_from(_DTYPES)))
+        raw = rng.integers(0, 256, size=int(np.prod(shape)) * dt.itemsize, dtype=np.uint8)
+        arr = raw.view(dt) if dt != np.bool_ else raw.astype(bool)
+        out[n] = arr.reshape(shape)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(tensor_sets(), st.dictionaries(_NAME, st.text(max_size=8), max_size=3))
+def test_differential_against_safetensors_on_valid_files(
+    tensors: dict[str, np.ndarray], metadata: dict[str, str]
+) -> None:
+    p = _TMP / "valid.safetensors"
+    with open(p, "wb") as fh:
+        write_arrays(fh, tensors, metadata or None)
+    fs = Findings()
+    sf = read_header(p, fs, "valid")
+    assert sf is not None
+    assert {f.code for f in fs} <= ({"ST022"} if not tensors else set())
+    with safe_open(str(p), framework="np") as lib, TensorReader() as reader:
+        assert set(lib.keys()) == set(sf.tensors)
+        assert (lib.metadata() or None) == (sf.metadata or None)
+        for name, info in sf.tensors.items():
+            sl = lib.get_slice(name)
+            assert sl.get_dtype() == info.dtype
+            assert tuple(sl.get_shape()) == info.shape
+            theirs = lib.get_tensor(name)
+            assert bytes(reader.payload(sf, info)) == theirs.tobytes()
+            ours = reader.array(sf, info)
+            assert ours.shape == theirs.shape and ours.dtype.itemsize == theirs.dtype.itemsize
+            assert ours.tobytes() == theirs.tobytes()  # bitwise: NaN payloads compare equal
+            del theirs
+
+
+def test_header_length_limits() -> None:
+    _, fs = _parse(struct.pack("<Q", stmod.MAX_HEADER + 1) + b"{}")
+    assert fs.codes() == {"ST002"}
+    assert os.path.getsize(_TMP / "h.safetensors") == 10

@@ -1,0 +1,118 @@
+"""strict_json and jsonfile: every JS rule, with pointers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exl3tool.findings import Findings
+from exl3tool.io import jsonfile, strict_json
+from exl3tool.io.strict_json import canonical_json, is_json_int, loads, pointer_join
+
+
+def kinds(text: str | bytes) -> list[tuple[str, str]]:
+    return [(i.kind, i.pointer) for i in loads(text)[1]]
+
+
+def test_duplicates_with_pointers() -> None:
+    v, issues = loads(
+        '{"a": 1, "a": 2, "b": {"c/d": [{"x~y": 1, "x~y": 1}]}, "b2": {"k": 1, "k": 3}}'
+    )
+    assert v["a"] == 2  # last wins, like json.loads
+    assert [(i.kind, i.pointer) for i in issues] == [
+        ("duplicate", "/a"),
+        ("duplicate", "/b/c~1d/0/x~0y"),
+        ("duplicate", "/b2/k"),
+    ]
+
+
+def test_nonfinite_and_overflow() -> None:
+    assert kinds('{"a": NaN}') == [("nonfinite", "/a")]
+    assert kinds('{"a": [1, Infinity, -Infinity]}') == [
+        ("nonfinite", "/a/1"),
+        ("nonfinite", "/a/2"),
+    ]
+    assert kinds('{"a": 1e999}') == [("nonfinite", "/a")]
+    assert kinds('{"a": 1.5}') == []
+
+
+def test_huge_ints() -> None:
+    assert kinds(f'{{"a": {2**63 - 1}, "b": {-(2**63 - 1)}}}') == []
+    assert kinds(f'{{"a": {2**63}}}') == [("huge_int", "/a")]
+    assert kinds(f"[{-(2**64)}]") == [("huge_int", "/0")]
+    value, issues = loads('{"a": ' + "9" * 5000 + "}")  # beyond int's digit limit
+    assert value is None and issues[0].kind == "huge_int"
+
+
+def test_deep_nesting() -> None:
+    assert kinds("[" * 70 + "]" * 70)[0][0] == "depth"
+    assert kinds("[" * 60 + "]" * 60) == []
+    value, issues = loads("[" * 100_000 + "]" * 100_000)
+    assert value is None and issues[0].kind == "depth"
+
+
+def test_syntax_and_encoding() -> None:
+    assert kinds("{") == [("syntax", "")]
+    assert kinds(b"\xef\xbb\xbf{}") == [("encoding", "")]
+    assert kinds(b'{"a": "\xff"}') == [("encoding", "")]
+    assert kinds('{"a": "\\ud800"}') == [("encoding", "")]
+    assert kinds('{"a": "\\ud83d\\ude00", "b": "\\\\ud800"}') == []
+
+
+def test_helpers() -> None:
+    assert pointer_join("", "a/b") == "/a~1b" and pointer_join("/x", "~") == "/x/~0"
+    assert pointer_join("/x", 3) == "/x/3"
+    assert is_json_int(3) and not is_json_int(True) and not is_json_int(3.0)
+    assert canonical_json({"b": 1, "a": [1, "é"]}) == b'{"a":[1,"\\u00e9"],"b":1}'
+    v, _ = loads('{"a": {"b": 1}}')
+    assert type(strict_json.plain(v)["a"]) is dict and strict_json.plain(v) == {"a": {"b": 1}}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_loads_never_raises(text: str) -> None:
+    loads(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_loads_never_raises_on_bytes(data: bytes) -> None:
+    loads(data)
+
+
+@pytest.mark.parametrize(
+    ("content", "code"),
+    [
+        (b"{", "JS001"),
+        (b'{"a": 1, "a": 1}', "JS002"),
+        (b'{"a": NaN}', "JS003"),
+        (b'{"a": 99999999999999999999}', "JS004"),
+        (b"\xef\xbb\xbf{}", "JS005"),
+        (b"[" * 70 + b"]" * 70, "JS007"),
+        (b"[1, 2]", "JS008"),
+        (b"null", "JS008"),
+        (b'"text"', "JS008"),
+    ],
+)
+def test_read_json_rules(tmp_path: Path, content: bytes, code: str) -> None:
+    p = tmp_path / "config.json"
+    p.write_bytes(content)
+    fs = Findings()
+    jsonfile.read_json(p, fs, "config.json")
+    assert code in fs.codes()
+    assert all(f.location.file == "config.json" for f in fs)
+
+
+def test_read_json_too_large_and_valid(tmp_path: Path) -> None:
+    p = tmp_path / "big.json"
+    p.write_bytes(b'{"a": "' + b"x" * 100 + b'"}')
+    fs = Findings()
+    assert jsonfile.read_json(p, fs, "big.json", max_bytes=50) is None
+    assert fs.codes() == {"JS006"}
+    fs = Findings()
+    assert jsonfile.read_json(p, fs, "big.json") == {"a": "x" * 100} and not fs
+    p.write_bytes(b"[1]")
+    assert jsonfile.read_json(p, Findings(), "x", require_object=False) == [1]

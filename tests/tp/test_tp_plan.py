@@ -1,0 +1,145 @@
+"""The pure plan: per-role field cuts, modes, reporting, refusals; and `slice_linear`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tp_fixtures as fx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exl3tool.checks import tp_rules
+from exl3tool.formats.detect import Kind, detect
+from exl3tool.tp.linear import slice_linear
+from exl3tool.tp.plan import attention_geometry, plan_slices
+from exl3tool.tp.slices import PlanRefused
+
+
+def _cuts(plan, name: str) -> list[tuple]:
+    return [
+        (r.rank, s.axis, s.start, s.stop, s.replicated)
+        for r in plan.ranks
+        for s in r.slices
+        if s.source == name
+    ]
+
+
+def test_r7_tensor_mode_cuts(sources: dict[str, Path]) -> None:
+    ckpt = fx.load(sources["r7"])
+    plan = plan_slices(ckpt, Kind.R7, 2)
+    e = "model.layers.1.mlp.experts.0"
+    tiles = fx.INTER // 16
+    assert _cuts(plan, f"{e}.gate_proj.trellis") == [
+        (0, 1, 0, tiles // 2, False), (1, 1, tiles // 2, tiles, False)
+    ]  # fmt: skip
+    assert _cuts(plan, f"{e}.up_proj.svh") == [(0, 0, 0, 512, False), (1, 0, 512, 1024, False)]
+    assert _cuts(plan, f"{e}.down_proj.trellis") == [
+        (0, 0, 0, tiles // 2, False), (1, 0, tiles // 2, tiles, False)
+    ]  # fmt: skip
+    assert _cuts(plan, f"{e}.down_proj.suh") == [(0, 0, 0, 512, False), (1, 0, 512, 1024, False)]
+    for name in (f"{e}.gate_proj.mcg", "model.layers.1.mlp.experts.r7_shared.gate_up_suh",
+                 "model.layers.1.mlp.experts.r7_shared.down_svh"):  # fmt: skip
+        assert _cuts(plan, name) == [(0, None, 0, 0, True), (1, None, 0, 0, True)]
+    # each rank lists every source tensor once (per-rank layout, tensor mode)
+    assert all(len(r.slices) == len(ckpt.tensors) for r in plan.ranks)
+    assert plan.source_order == sorted(plan.source_order, key=lambda n: (ckpt.tensors[n].file, ckpt.tensors[n].info.begin))
+
+
+def test_expert_mode_whole_experts_contiguous(sources: dict[str, Path]) -> None:
+    ckpt = fx.load(sources["base"])
+    plan = plan_slices(ckpt, Kind.MSRT_BASE, 4, "expert")
+    for r, rp in enumerate(plan.ranks):
+        experts = {s.source.split(".")[5] for s in rp.slices if ".experts." in s.source}
+        assert experts == {str(r)}
+        assert all(s.axis is None for s in rp.slices)
+    with pytest.raises(PlanRefused) as exc:
+        plan_slices(ckpt, Kind.MSRT_BASE, 8, "expert")
+    assert exc.value.findings.codes() == {"TP002"}
+
+
+def test_dense_roles_attention_and_bias(sources: dict[str, Path]) -> None:
+    ckpt = fx.load(sources["exl3"])
+    assert attention_geometry(ckpt.config) == (8, 128)
+    plan = plan_slices(ckpt, Kind.EXL3, 4)
+    a = "model.layers.0.self_attn"
+    quarters = [(0, 256), (256, 512), (512, 768), (768, 1024)]
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        assert [c[1:4] for c in _cuts(plan, f"{a}.{proj}.svh")] == [(0, *q) for q in quarters]
+        assert [c[1:4] for c in _cuts(plan, f"{a}.{proj}.trellis")] == [
+            (1, x // 16, y // 16) for x, y in quarters
+        ]
+    assert [c[1:4] for c in _cuts(plan, f"{a}.o_proj.suh")] == [(0, *q) for q in quarters]
+    assert [c[1:4] for c in _cuts(plan, f"{a}.o_proj.trellis")] == [
+        (0, x // 16, y // 16) for x, y in quarters
+    ]
+    assert _cuts(plan, f"{a}.o_proj.svh")[0][1:] == (None, 0, 0, True)
+    assert [c[1:4] for c in _cuts(plan, "model.layers.0.mlp.down_proj.suh")][1] == (0, 256, 512)
+    assert [c[1:4] for c in _cuts(plan, "model.layers.0.mlp.gate_proj.svh")][3] == (0, 768, 1024)
+    assert {r.tensor for r in plan.reported} >= {"lm_head.weight"}
+    assert plan.findings().codes() == {"TP003"}
+
+
+def test_attention_without_geometry_is_replicated_and_reported(tmp_path: Path) -> None:
+    p = fx.build_exl3(tmp_path / "x", moe_intermediate=256)
+    plan = plan_slices(fx.load(p), Kind.EXL3, 2)
+    reported = {r.tensor for r in plan.reported}
+    assert "model.layers.0.self_attn.q_proj.trellis" in reported
+    assert all(c[4] for c in _cuts(plan, "model.layers.0.self_attn.q_proj.trellis"))
+
+
+def test_refusals_are_findings_naming_tensor_and_sizes(sources: dict[str, Path]) -> None:
+    ckpt = fx.load(sources["r7"])
+    with pytest.raises(PlanRefused) as exc:
+        plan_slices(ckpt, Kind.R7, 16)
+    (f,) = [x for x in exc.value.findings if x.code == "TP001"]
+    assert "1024 over 16 ranks gives 64" in f.message and f.location.tensor.endswith(".trellis")
+    assert f.rule is tp_rules.TP_CUTS_HADAMARD
+
+
+def test_rank_sliced_inputs_and_mixed_k_are_refused(sources: dict[str, Path]) -> None:
+    ckpt = fx.load(sources["r7-mixed"])
+    with pytest.raises(PlanRefused) as exc:
+        plan_slices(ckpt, Kind.R7, 2, layout="rank-sliced")
+    assert exc.value.findings.codes() == {"TP009"}
+    with pytest.raises(PlanRefused):
+        plan_slices(ckpt, Kind.RANK_SLICED, 2)
+    with pytest.raises(PlanRefused):
+        plan_slices(ckpt, Kind.R7, 2, "expert", layout="rank-sliced")
+
+
+def test_rank_sliced_names(sources: dict[str, Path]) -> None:
+    plan = plan_slices(fx.load(sources["r7"]), detect(sources["r7"]), 2, layout="rank-sliced")
+    names = {s.target_name for s in plan.ranks[1].slices}
+    assert "model.layers.1.mlp.experts.3.down_proj.rank1.trellis" in names
+    assert "model.layers.1.mlp.experts.2.up_proj.rank1.suh" in names  # from r7_shared
+    assert "model.layers.3.mlp.experts.0.gate_proj.rank1.trellis" in names  # carried MTP, tp 1
+    assert not any(".rank" not in n for n in names)  # non-expert tensors live on rank 0 only
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(["column", "row"]), st.integers(1, 4), st.data())
+def test_slice_linear_views_concatenate_to_the_linear(role: str, tiles128: int, data) -> None:
+    tp = data.draw(st.sampled_from([d for d in (1, 2, 4) if tiles128 * 2 % d == 0]))
+    k, n = 256 if role == "column" else 128 * tiles128 * 2, 128 * tiles128 * 2 if role == "column" else 256
+    rng = np.random.default_rng(tiles128)
+    arrays = {
+        "trellis": rng.integers(-(2**15), 2**15, (k // 16, n // 16, 32), dtype=np.int16),
+        "suh": rng.standard_normal(k).astype(np.float16),
+        "svh": rng.standard_normal(n).astype(np.float16),
+        "bias": rng.standard_normal(n).astype(np.float16),
+        "mcg": np.array(-877912083, dtype=np.int32),
+    }
+    size = n if role == "column" else k
+    per = size // tp
+    parts = [slice_linear(arrays, role, r * per, (r + 1) * per) for r in range(tp)]
+    axis = 1 if role == "column" else 0
+    assert np.array_equal(np.concatenate([p["trellis"] for p in parts], axis), arrays["trellis"])
+    vec = "svh" if role == "column" else "suh"
+    assert np.array_equal(np.concatenate([p[vec] for p in parts]), arrays[vec])
+    assert all(np.shares_memory(p["trellis"], arrays["trellis"]) for p in parts)
+    if role == "row":
+        assert "bias" in parts[0] and all("bias" not in p for p in parts[1:])
+    with pytest.raises(ValueError):
+        slice_linear(arrays, role, 0, 64)

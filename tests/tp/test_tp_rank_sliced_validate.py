@@ -1,0 +1,30 @@
+"""The rank-sliced layout is a legacy `hybrid_tr3_tail` checkpoint that `validate --tp N` accepts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exl3tool.checks.options import ValidateOptions
+from exl3tool.checks.validate import validate_path
+from exl3tool.tp.run import SliceOptions, slice_artifact
+
+
+@pytest.mark.parametrize("src", ["r7", "base"])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_rank_sliced_output_passes_validate(sources: dict[str, Path], tmp_path: Path, src: str, tp: int) -> None:
+    out = tmp_path / "rs"
+    slice_artifact(sources[src], out, SliceOptions(tp, layout="rank-sliced"))
+    ref, findings = validate_path(out, ValidateOptions(tp=tp))
+    assert ref.kind == "rank-sliced"
+    assert [f.to_json() for f in findings if f.level.value != "info"] == []
+    tail = json.loads((out / "config.json").read_text())["hybrid_tr3_tail"]
+    assert tail["tp"] == tp and tail["tensor_schema"].endswith(".rank{r}.{trellis|suh|svh|mcg}")
+    if src == "r7":
+        assert tail["rotation_layout"] == "per_expert_v1" and tail["bits"] == "mixed"
+    # the wrong runtime TP size is caught by validate
+    if tp > 1:
+        _, bad = validate_path(out, ValidateOptions(tp=tp // 2))
+        assert bad.has_errors()

@@ -1,0 +1,108 @@
+"""CUDA path: bit-identical with the CPU path and with exllamav3 itself (GPU only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exl3tool import trellis as tc
+
+pytestmark = pytest.mark.cuda
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+COMBOS = [(K, cb) for K in (1, 2, 3, 4, 5, 6, 7, 8) for cb in tc.CODEBOOKS] + [
+    (1.5, "mul1"),
+    (2.5, "mul1"),
+    (3.5, "mul1"),
+]
+
+
+def _rand_trellis(k, n, K, seed, device="cuda"):  # noqa: N803
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    t = torch.randint(-32768, 32768, (k // 16, n // 16, int(16 * K)), dtype=torch.int16, generator=g)
+    return t.to(device)
+
+
+def _rand_scales(size, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.rand(size, generator=g) * 2 + 0.25).mul(torch.randint(0, 2, (size,), generator=g) * 2 - 1).half()
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.cpu().view(torch.int16), b.cpu().view(torch.int16))
+
+
+@pytest.mark.parametrize(("K", "cb"), COMBOS)
+def test_cuda_rotated_matches_cpu(K, cb):  # noqa: N803
+    t = _rand_trellis(256, 640, K, seed=int(K * 10))
+    cpu = tc.decode_rotated(t.cpu(), cb)
+    assert _same(tc.decode_rotated(t, cb), cpu)
+    assert _same(tc.decode_rotated(t, cb, backend="torch"), cpu)
+    assert _same(tc.decode_rotated(t, cb, rows=(16, 128), cols=(128, 384)), cpu[16:128, 128:384])
+    assert torch.equal(tc.unpack(t).cpu(), tc.unpack(t.cpu()))
+    st = tc.unpack(t)
+    assert torch.equal(tc.pack(st, K), t)
+
+
+@pytest.mark.parametrize(("K", "cb"), [(4, "mul1"), (2.5, "mul1"), (3, "mcg"), (6, "3inst")])
+def test_cuda_effective_matches_cpu(K, cb):  # noqa: N803
+    t = _rand_trellis(512, 768, K, seed=7)
+    suh, svh = _rand_scales(512, 1), _rand_scales(768, 2)
+    for method in ("auto", "fma", "fused"):
+        cpu = tc.effective_weight(t.cpu(), suh, svh, cb, method=method)
+        gpu = tc.effective_weight(t, suh.cuda(), svh.cuda(), cb, method=method)
+        assert _same(gpu, cpu), method
+    x = torch.randn(33, 512).half()
+    assert _same(tc.had_r_128(x.cuda(), suh.cuda()), tc.had_r_128(x, suh))
+    assert _same(tc.had_r_128(x.cuda(), None, suh.cuda()), tc.had_r_128(x, None, suh))
+
+
+def _ext():
+    pytest.importorskip("exllamav3")
+    from exllamav3.ext import exllamav3_ext
+
+    return exllamav3_ext
+
+
+@pytest.mark.exllamav3
+@pytest.mark.parametrize(("K", "cb"), COMBOS)
+def test_cuda_matches_exllamav3(K, cb):  # noqa: N803
+    ext = _ext()
+    from exllamav3.modules.quant.exl3 import LinearEXL3
+
+    mcg, mul1 = cb == "mcg", cb == "mul1"
+    for k, n, seed in ((256, 512, 1), (1024, 2304, 2)):
+        t = torch.randint(-32768, 32768, (k // 16, n // 16, int(16 * K)), dtype=torch.int16, device="cuda")
+        ref = torch.empty((k, n), dtype=torch.half, device="cuda")
+        ext.reconstruct(ref, t, float(K), mcg, mul1)
+        assert _same(tc.decode_rotated(t, cb), ref)
+        assert _same(tc.decode_rotated(t.cpu(), cb), ref)
+        suh = (torch.randn(k, device="cuda") + 0.1).half()
+        svh = (torch.randn(n, device="cuda") + 0.1).half()
+        lin = LinearEXL3(
+            None,
+            k,
+            n,
+            suh=suh,
+            svh=svh,
+            trellis=t,
+            mcg=torch.tensor(-877912083, dtype=torch.int32) if mcg else None,
+            mul1=torch.tensor(-2082680531, dtype=torch.int32) if mul1 else None,
+        )
+        assert _same(tc.effective_weight(t, suh, svh, cb), lin.get_weight_tensor())
+        fused = torch.empty((k, n), dtype=torch.half, device="cuda")
+        ext.reconstruct_had_slice(fused, t, suh, svh, float(K), mcg, mul1, 0)
+        assert _same(tc.effective_weight(t, suh, svh, cb, method="fused"), fused)
+        x = torch.randn(17, n, device="cuda").half()
+        y = torch.empty_like(x)
+        ext.had_r_128(x, y, None, svh, 1.0)
+        assert _same(tc.had_r_128(x, None, svh), y)
+        u = torch.empty((k // 16, n // 16, 256), dtype=torch.int16, device="cuda")
+        if float(K).is_integer():
+            ext.unpack_trellis(u, t, int(K))
+        else:
+            ext.unpack_trellis_frac(u, t, int(K), 0xAAAA)
+        assert torch.equal(tc.unpack(t), u.to(torch.int32) & 0xFFFF)
+        del seed
