@@ -7,6 +7,8 @@ the rotated decode (Ŵ) and the effective weight (W_eff, matmul/FMA order and fu
 ratio to exllamav3 (when importable) and the HBM bound = (trellis + fp16 output bytes) / 4.3 TB/s.
 """
 
+# ruff: noqa: B023 - each timed lambda runs inside its own loop iteration
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exl3tool import trellis as tc  # noqa: E402
+from exl3tool import trellis as tc
 
 SHAPES = ((6144, 2048, 4), (8192, 8192, 4))
 HBM_BYTES_PER_S = 4.3e12
@@ -56,48 +58,80 @@ def _fmt(label: str, k: int, n: int, sec: float, extra: str = "") -> str:
 
 def bench_cpu(cb: str, repeat: int) -> None:
     print(f"CPU ({torch.get_num_threads()} threads), codebook {cb}")
-    for k, n, K in SHAPES:  # noqa: N806
+    for k, n, K in SHAPES:
         t = torch.randint(-32768, 32768, (k // 16, n // 16, 16 * K), dtype=torch.int16)
         suh, svh = torch.randn(k).half(), torch.randn(n).half()
         print(f" {k}x{n} K={K}")
         s = _cpu_time(lambda t=t: tc.decode_rotated(t, cb), repeat)
-        print(_fmt("rotated (torch)", k, n, s))
+        print(_fmt("rotated (torch, new output)", k, n, s))
+        out = torch.empty((k, n), dtype=torch.float16)
+        s = _cpu_time(lambda t=t, out=out: tc.decode_rotated(t, cb, out=out), repeat)
+        print(_fmt("rotated (torch, out= reused)", k, n, s))
         r = max(1, repeat // 5)
         s = _cpu_time(lambda t=t, suh=suh, svh=svh: tc.effective_weight(t, suh, svh, cb), r)
         print(_fmt(f"effective (auto, matmul={tc.matmul_matches_fma('cpu')})", k, n, s))
-        s = _cpu_time(lambda t=t, suh=suh, svh=svh: tc.effective_weight(t, suh, svh, cb, method="fused"), r)
+        s = _cpu_time(
+            lambda t=t, suh=suh, svh=svh: tc.effective_weight(t, suh, svh, cb, method="fused"), r
+        )
         print(_fmt("effective (fused fp16)", k, n, s))
 
 
 def bench_cuda(cb: str, repeat: int) -> None:
     try:
         from exllamav3.ext import exllamav3_ext as ext
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         print(f"exllamav3 not importable ({exc}); exl3tool figures only")
         ext = None
     mcg, mul1 = cb == "mcg", cb == "mul1"
     print(f"CUDA {torch.cuda.get_device_name(0)}, codebook {cb}")
-    for k, n, K in SHAPES:  # noqa: N806
-        t = torch.randint(-32768, 32768, (k // 16, n // 16, 16 * K), dtype=torch.int16, device="cuda")
+    for k, n, K in SHAPES:
+        t = torch.randint(
+            -32768, 32768, (k // 16, n // 16, 16 * K), dtype=torch.int16, device="cuda"
+        )
         suh = torch.randn(k, device="cuda").half()
         svh = torch.randn(n, device="cuda").half()
         out = torch.empty((k, n), dtype=torch.half, device="cuda")
         moved = t.numel() * 2 + k * n * 2
         bound = moved / HBM_BYTES_PER_S
-        print(f" {k}x{n} K={K}: HBM bound {bound * 1e6:.1f} us ({moved / 1e6:.1f} MB moved at 4.3 TB/s)")
+        print(
+            f" {k}x{n} K={K}: HBM bound {bound * 1e6:.1f} us ({moved / 1e6:.1f} MB moved at 4.3 TB/s)"
+        )
         ours = _cuda_time(lambda t=t, out=out: tc.decode_rotated(t, cb, out=out), repeat)
-        torch_path = _cuda_time(lambda t=t, out=out: tc.decode_rotated(t, cb, out=out, backend="torch"), repeat)
+        torch_path = _cuda_time(
+            lambda t=t, out=out: tc.decode_rotated(t, cb, out=out, backend="torch"), repeat
+        )
         gbs = moved / ours / 1e9
         if ext is not None:
             ref = torch.empty_like(out)
-            theirs = _cuda_time(lambda t=t, ref=ref: ext.reconstruct(ref, t, float(K), mcg, mul1), repeat)
+            theirs = _cuda_time(
+                lambda t=t, ref=ref: ext.reconstruct(ref, t, float(K), mcg, mul1), repeat
+            )
             same = torch.equal(tc.decode_rotated(t, cb).view(torch.int16), ref.view(torch.int16))
             print(_fmt("exllamav3 reconstruct", k, n, theirs, f"{moved / theirs / 1e9:.0f} GB/s"))
-            print(_fmt("exl3tool rotated (triton)", k, n, ours, f"{gbs:.0f} GB/s  ratio {theirs / ours:.2f}x  bit-exact={same}"))
-            print(_fmt("exl3tool rotated (torch ops)", k, n, torch_path, f"ratio {theirs / torch_path:.3f}x"))
+            print(
+                _fmt(
+                    "exl3tool rotated (triton)",
+                    k,
+                    n,
+                    ours,
+                    f"{gbs:.0f} GB/s  ratio {theirs / ours:.2f}x  bit-exact={same}",
+                )
+            )
+            print(
+                _fmt(
+                    "exl3tool rotated (torch ops)",
+                    k,
+                    n,
+                    torch_path,
+                    f"ratio {theirs / torch_path:.3f}x",
+                )
+            )
             fref = torch.empty_like(out)
             fused_ref = _cuda_time(
-                lambda t=t, fref=fref: ext.reconstruct_had_slice(fref, t, suh, svh, float(K), mcg, mul1, 0), repeat
+                lambda t=t, fref=fref: ext.reconstruct_had_slice(
+                    fref, t, suh, svh, float(K), mcg, mul1, 0
+                ),
+                repeat,
             )
             print(_fmt("exllamav3 reconstruct_had_slice", k, n, fused_ref))
         else:

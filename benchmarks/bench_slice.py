@@ -34,15 +34,18 @@ def build(root: Path, gb: float) -> Path:
     )  # fmt: skip
 
 
-def run(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of a child process."""
+def run(cmd: list[str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS (bytes) and CPU seconds (user + sys) of a child process."""
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}")
-    return dt, usage.ru_maxrss * 1024
+    subprocess.run(["sync"], check=True)  # the next run starts with no dirty pages
+    return dt, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -58,22 +61,20 @@ def main() -> None:
     size = sum(p.stat().st_size for p in shards)
     print(f"source: {size / 1e9:.2f} GB in {len(shards)} shards ({os.cpu_count()} cores)")
     subprocess.run(["cat", *map(str, shards)], stdout=subprocess.DEVNULL, check=True)  # warm
-    rows = []
     for tp in (2, 4):
         cp_dir = args.dir / f"cp{tp}"
         cp_dir.mkdir()
-        t_cp, _ = run(["cp", *map(str, shards), str(cp_dir)])
+        t_cp, _, c_cp = run(["cp", *map(str, shards), str(cp_dir)])
         shutil.rmtree(cp_dir)
         out = args.dir / f"tp{tp}"
         cmd = [sys.executable, "-m", "exl3tool", "slice", str(src), "--tp", str(tp), "-o", str(out)]
-        t_sl, rss = run(cmd)
+        t_sl, rss, c_sl = run(cmd)
         written = sum(p.stat().st_size for p in out.rglob("*.safetensors"))
         shutil.rmtree(out)
-        rows.append((tp, t_cp, t_sl, rss, written))
         print(
-            f"TP {tp}: cp {t_cp:.2f} s ({size / t_cp / 1e9:.2f} GB/s); slice {t_sl:.2f} s "
-            f"({size / t_sl / 1e9:.2f} GB/s, wrote {written / 1e9:.2f} GB); "
-            f"ratio {t_cp / t_sl:.2f}x cp; peak RSS {rss / 2**20:.0f} MiB"
+            f"TP {tp}: cp {t_cp:.2f} s ({size / t_cp / 1e9:.2f} GB/s, cpu {c_cp:.1f} s); "
+            f"slice {t_sl:.2f} s ({size / t_sl / 1e9:.2f} GB/s, cpu {c_sl:.1f} s, wrote "
+            f"{written / 1e9:.2f} GB); ratio {t_cp / t_sl:.2f}x cp; peak RSS {rss / 2**20:.0f} MiB"
         )
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)

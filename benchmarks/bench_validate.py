@@ -80,7 +80,16 @@ def main() -> int:
         t_json, n = timed(lambda: json_headers(root), args.repeat)
         opts = ValidateOptions(hash=False)
         t_val, (ref, findings) = timed(lambda: validate_path(root, opts), args.repeat)
-        cli = [sys.executable, "-m", "exl3tool", "validate", "--no-hash", "--format", "json", str(root)]
+        cli = [
+            sys.executable,
+            "-m",
+            "exl3tool",
+            "validate",
+            "--no-hash",
+            "--format",
+            "json",
+            str(root),
+        ]
         env = {**os.environ, "EXL3TOOL_NO_PROGRESS": "1"}
         t_cli, proc = timed(lambda: subprocess.run(cli, capture_output=True, env=env), args.repeat)
         summary = json.loads(proc.stdout)["summary"]

@@ -105,7 +105,11 @@ def glm_layer(args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         rep = run_verify(
             VerifyOptions(
-                base, cart, device=args.device, tokens=args.tokens, work_dir=Path(args.dir)
+                base,
+                cart,
+                device=args.device,
+                tokens=args.tokens,
+                work_dir=Path(args.dir) if args.dir else None,
             )
         )
         total = time.perf_counter() - t0
@@ -176,6 +180,14 @@ def example_cpu(cores: str) -> dict:
     return res
 
 
+def _default_dir() -> str | None:
+    """/dev/shm when it can hold the ~7 GB of artifacts plus staged copies, else the temp dir."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and shutil.disk_usage(shm).free > 24 << 30:
+        return shm
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -185,7 +197,7 @@ def main() -> int:
     ap.add_argument("--subset", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--decode-matrices", type=int, default=48)
-    ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    ap.add_argument("--dir", default=_default_dir(), help="where artifacts and staging go")
     ap.add_argument("--cores", default="0,1", help="cores for the CPU example run")
     ap.add_argument("--skip-example", action="store_true")
     ap.add_argument("--example-only", action="store_true")

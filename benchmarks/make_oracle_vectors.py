@@ -8,6 +8,8 @@ tests/trellis/trellis_oracle_inputs.py, so only hashes need committing. At the e
 exl3tool's CPU path with every output and prints the mismatches (0 expected).
 """
 
+# ruff: noqa: B023 - the closures handed to record() run immediately, inside their loop iteration
+
 from __future__ import annotations
 
 import argparse
@@ -54,7 +56,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def _frac(K):  # noqa: N803
+def _frac(K):
     return None if float(K).is_integer() else (int(K), 0xAAAA)
 
 
@@ -69,7 +71,7 @@ def generate(out_dir: Path, device: str = "cuda") -> dict:
         try:
             res = fn()
             case.update(res)
-        except Exception as exc:  # noqa: BLE001 - record and continue: one bad case must not stop the run
+        except Exception as exc:
             case["error"] = f"{type(exc).__name__}: {exc}"
             errors.append(f"{case['kind']} {case.get('K')} {case.get('codebook')}: {case['error']}")
             traceback.print_exc()
@@ -111,7 +113,10 @@ def generate(out_dir: Path, device: str = "cuda") -> dict:
                     ext.reconstruct_slice(w, tr, kf, mcg, mul1, 128)
                     return {"w_rot_slice": inp.sha(_np(w)), "n_offset": 128, "width": 256}
 
-                record({"kind": "rot_slice", "K": K, "codebook": cb, "k": k, "n": n, "seed": seed}, slice_)
+                record(
+                    {"kind": "rot_slice", "K": K, "codebook": cb, "k": k, "n": n, "seed": seed},
+                    slice_,
+                )
 
                 def unpacked(tr=tr):
                     u = torch.empty((*tr.shape[:2], 256), dtype=torch.int16, device=dev)
@@ -122,7 +127,10 @@ def generate(out_dir: Path, device: str = "cuda") -> dict:
                         ext.unpack_trellis_frac(u, tr, fr[0], fr[1])
                     return {"states": inp.sha(_np(u))}
 
-                record({"kind": "unpack", "K": K, "codebook": cb, "k": k, "n": n, "seed": seed}, unpacked)
+                record(
+                    {"kind": "unpack", "K": K, "codebook": cb, "k": k, "n": n, "seed": seed},
+                    unpacked,
+                )
 
                 pseed = inp.combo_seed(K, cb, 7)
 
@@ -155,7 +163,15 @@ def generate(out_dir: Path, device: str = "cuda") -> dict:
                     return res
 
                 record(
-                    {"kind": "eff", "K": K, "codebook": cb, "k": k, "n": n, "seed": seed, "scale_seed": sseed},
+                    {
+                        "kind": "eff",
+                        "K": K,
+                        "codebook": cb,
+                        "k": k,
+                        "n": n,
+                        "seed": seed,
+                        "scale_seed": sseed,
+                    },
                     weff,
                 )
 
@@ -169,24 +185,38 @@ def generate(out_dir: Path, device: str = "cuda") -> dict:
 
                 def had(x=x, sc=sc, mode=mode, scale=scale, rows=rows, cols=cols, seed=seed):
                     y = torch.empty_like(x)
-                    ext.had_r_128(x, y, sc if mode == "pre" else None, sc if mode == "post" else None, scale)
+                    ext.had_r_128(
+                        x, y, sc if mode == "pre" else None, sc if mode == "post" else None, scale
+                    )
                     if hi == 0 and scale == 1.0:
                         arrays[f"had_{mode}_{rows}x{cols}"] = _np(y)
                     return {"y": inp.sha(_np(y))}
 
-                record({"kind": "had", "mode": mode, "scale": scale, "rows": rows, "cols": cols, "seed": seed}, had)
+                record(
+                    {
+                        "kind": "had",
+                        "mode": mode,
+                        "scale": scale,
+                        "rows": rows,
+                        "cols": cols,
+                        "seed": seed,
+                    },
+                    had,
+                )
 
-    import exllamav3
+    from exllamav3.version import __version__ as exllamav3_version
 
     meta = {
         "generator": "benchmarks/make_oracle_vectors.py",
-        "exllamav3": getattr(exllamav3, "__version__", "?"),
+        "exllamav3": exllamav3_version,
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else str(dev),
         "errors": errors,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "oracle_trellis.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=1) + "\n")
+    (out_dir / "oracle_trellis.json").write_text(
+        json.dumps({"meta": meta, "cases": cases}, indent=1) + "\n"
+    )
     np.savez_compressed(out_dir / "oracle_trellis_arrays.npz", **arrays)
     return {"meta": meta, "cases": cases}
 
@@ -199,7 +229,9 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.perf_counter()
     data = generate(args.out, args.device)
-    print(f"generated {len(data['cases'])} cases in {time.perf_counter() - t0:.1f} s; errors: {data['meta']['errors']}")
+    print(
+        f"generated {len(data['cases'])} cases in {time.perf_counter() - t0:.1f} s; errors: {data['meta']['errors']}"
+    )
     if args.no_check:
         return 0
     from oracle_check import check_cases  # tests/trellis/oracle_check.py

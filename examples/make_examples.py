@@ -1,7 +1,7 @@
 """Regenerate the bundled examples (deterministic bytes; tests compare them to a fresh build).
 
-    python examples/make_examples.py            # rewrites examples/r7-tiny
-    python examples/make_examples.py --check    # exit 1 if the committed bytes differ
+python examples/make_examples.py            # rewrites examples/r7-tiny
+python examples/make_examples.py --check    # exit 1 if the committed bytes differ
 """
 
 from __future__ import annotations

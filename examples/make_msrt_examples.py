@@ -49,7 +49,9 @@ def differences(a: Path, b: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="compare a fresh build with the committed one")
+    ap.add_argument(
+        "--check", action="store_true", help="compare a fresh build with the committed one"
+    )
     args = ap.parse_args(argv)
     if not args.check:
         build(HERE)

@@ -3,8 +3,10 @@ finiteness reads over mmap views, and a lazy digest cache over the hashing engin
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import mmap
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,12 +24,6 @@ from exl3tool.io.views import TensorReader
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
-
-# model.layers.{L}.mlp.experts.{E|r7_shared|shared_h}.{...}; parsed once per tensor (hot path)
-_EXPERTS_RE = re.compile(
-    r"^model\.layers\.(0|[1-9][0-9]*)\.mlp\.experts\.(0|[1-9][0-9]*|r7_shared|shared_h)\.(.+)$"
-)
-_PROJ_RE = re.compile(r"^(gate_proj|up_proj|down_proj)(?:\.rank(0|[1-9][0-9]*))?\.([A-Za-z0-9_]+)$")
 
 
 # --- JSON Schema -----------------------------------------------------------------------------
@@ -96,37 +92,81 @@ class ExpertTable:
         return out | {k[0] for k in self.layer_vectors}
 
 
+_PROJ = frozenset(("gate_proj", "up_proj", "down_proj"))
+
+
+_SMALL = {str(i): i for i in range(1024)}  # layer/expert/rank indices: a dict hit, not a parse
+
+
+def _index(s: str) -> int | None:
+    """A decimal index without sign or leading zeros (as the loaders' regexes accept)."""
+    i = _SMALL.get(s)
+    if i is not None:
+        return i
+    if s.isdigit() and s.isascii() and s[0] != "0":
+        return int(s)
+    return None
+
+
 def expert_table(tensors: dict[str, TensorRef]) -> ExpertTable:
-    """Index every `model.layers.L.mlp.experts.…` tensor (one regex pass; the hot path)."""
+    """Index every `model.layers.L.mlp.experts.…` tensor: one split per name (the hot path of a
+    GLM-5.2 checkpoint, 176,000 names)."""
     table = ExpertTable()
-    match_experts, match_proj = _EXPERTS_RE.match, _PROJ_RE.match
-    plain, ranked = table.plain, table.ranked
+    plain, ranked, vectors, other = table.plain, table.ranked, table.layer_vectors, table.other
     for name, ref in tensors.items():
-        if ".experts." not in name:
+        if ".mlp.experts." not in name:
             continue
-        m = match_experts(name)
-        if m is None:
-            if ".mlp.experts." in name:
-                table.other[name] = ref
+        p = name.split(".")
+        layer = _index(p[2]) if len(p) >= 6 else None
+        if p[0] != "model" or p[1] != "layers" or p[3:5] != ["mlp", "experts"] or layer is None:
+            other[name] = ref
             continue
-        layer_s, who, rest = m.groups()
-        layer = int(layer_s)
-        if who == "r7_shared" or who == "shared_h":
-            table.layer_vectors[(layer, f"{who}.{rest}")] = ref
+        who = p[5]
+        if who in ("r7_shared", "shared_h"):
+            if len(p) > 6:
+                vectors[(layer, ".".join(p[5:]))] = ref
+            else:
+                other[name] = ref
             continue
-        p = match_proj(rest)
-        if p is None:
-            table.other[name] = ref
+        expert = _index(who)
+        if expert is None or len(p) not in (8, 9) or p[6] not in _PROJ:
+            other[name] = ref
             continue
-        proj, rank, fld = p.groups()
+        if len(p) == 8:
+            entry = plain.get((layer, expert, p[6]))
+            if entry is None:
+                entry = plain[(layer, expert, p[6])] = {}
+            entry[p[7]] = ref
+            continue
+        rank = _index(p[7][4:]) if p[7].startswith("rank") else None
         if rank is None:
-            plain.setdefault((layer, int(who), proj), {})[fld] = ref
-        else:
-            ranked.setdefault((layer, int(who), proj, int(rank)), {})[fld] = ref
+            other[name] = ref
+            continue
+        ranked.setdefault((layer, expert, p[6], rank), {})[p[8]] = ref
     return table
 
 
 # --- payload reads (zero copy) -------------------------------------------------------------
+
+
+class RandomAccessReader(TensorReader):
+    """A TensorReader whose maps are advised MADV_RANDOM: the checks read 4-byte markers and
+    small vectors scattered between large trellis payloads, and the kernel's default mmap
+    readahead would otherwise pull in megabytes of trellis around every fault. Marker reads
+    are deferred into `markers` and done in one gather per shard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.markers = MarkerCheck()
+
+    def _map(self, st: SafetensorsFile) -> Any:
+        fresh = st.path not in self._maps
+        m = super()._map(st)
+        mm = getattr(m, "_mm", None)  # views.MappedFile keeps its mmap private
+        if fresh and mm is not None and hasattr(mmap, "MADV_RANDOM"):
+            with contextlib.suppress(OSError, ValueError):
+                mm.madvise(mmap.MADV_RANDOM)
+        return m
 
 
 def read_scalar_i32(reader: TensorReader, ref: TensorRef) -> int | None:
@@ -139,58 +179,98 @@ def read_scalar_i32(reader: TensorReader, ref: TensorRef) -> int | None:
         return None
 
 
-class FiniteCheck:
-    """Collects F16/F32 vectors and checks them for NaN/Inf in as few numpy calls as possible:
-    payloads adjacent in a shard are merged into one run (the R7 layout stores them together)."""
+def _data_view(reader: TensorReader, st: SafetensorsFile) -> np.ndarray | None:
+    """The shard's whole data section as a zero-copy uint8 array (None if it cannot be mapped)."""
+    span = TensorInfo("", "U8", (0,), 0, st.file_size - st.data_start)
+    try:
+        return np.frombuffer(reader.payload(st, span), dtype=np.uint8)
+    except (ValueError, OSError):
+        return None  # payloads beyond EOF are reported by the safetensors layer (ST016)
+
+
+def _by_shard(items: list[tuple[TensorRef, Any]]) -> dict[Path, list[tuple[TensorRef, Any]]]:
+    out: dict[Path, list[tuple[TensorRef, Any]]] = {}
+    for ref, extra in items:
+        out.setdefault(ref.shard.path, []).append((ref, extra))
+    return out
+
+
+class MarkerCheck:
+    """Deferred reads of int32 scalar markers, one vectorised gather per shard (a GLM-5.2 R7
+    checkpoint has 57,600 of them; a Python read each costs more than the page fault)."""
 
     def __init__(self) -> None:
-        self._items: list[tuple[SafetensorsFile, TensorInfo]] = []
+        self._items: list[tuple[TensorRef, int]] = []
+
+    def add(self, ref: TensorRef, expected: int) -> None:
+        if ref.info.nbytes == 4 and ref.info.end + ref.shard.data_start <= ref.shard.file_size:
+            self._items.append((ref, expected))
+
+    def run(self, reader: TensorReader, report: Callable[[TensorRef, int, int], None]) -> None:
+        """Call report(ref, value, expected) for every marker whose value differs."""
+        for items in _by_shard(self._items).values():
+            data = _data_view(reader, items[0][0].shard)
+            if data is None:
+                continue
+            begins = np.fromiter((r.info.begin for r, _ in items), dtype=np.int64, count=len(items))
+            want = np.fromiter((e for _, e in items), dtype=np.int64, count=len(items))
+            got = data[begins[:, None] + np.arange(4)].view("<i4").ravel().astype(np.int64)
+            for i in np.flatnonzero(got != want):
+                report(items[i][0], int(got[i]), int(want[i]))
+
+
+# word view and exponent mask per float dtype; all exponent bits set = NaN or Inf
+_EXPONENT_BITS = {"F16": ("<u2", 0x7C00), "F32": ("<u4", 0x7F800000)}
+
+
+class FiniteCheck:
+    """Deferred NaN/Inf scan of F16/F32 vectors: per shard, one gather over every vector's
+    elements through a zero-copy view, testing the exponent bits (all ones = NaN/Inf)."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[TensorRef, None]] = []
 
     def add(self, ref: TensorRef) -> None:
-        if ref.info.dtype in ("F16", "F32") and ref.info.nbytes:
-            self._items.append((ref.shard, ref.info))
+        end_ok = ref.info.end + ref.shard.data_start <= ref.shard.file_size
+        if ref.info.dtype in _EXPONENT_BITS and ref.info.nbytes and end_ok:
+            self._items.append((ref, None))
 
     def run(self, reader: TensorReader, report: Callable[[TensorRef], None]) -> None:
-        by_shard: dict[Path, list[tuple[SafetensorsFile, TensorInfo]]] = {}
-        for st, info in self._items:
-            by_shard.setdefault(st.path, []).append((st, info))
-        for items in by_shard.values():
-            items.sort(key=lambda x: x[1].begin)
-            run: list[tuple[SafetensorsFile, TensorInfo]] = []
-            for it in items:
-                if run and (run[-1][1].end != it[1].begin or run[-1][1].dtype != it[1].dtype):
-                    self._check_run(reader, run, report)
-                    run = []
-                run.append(it)
-            if run:
-                self._check_run(reader, run, report)
+        for items in _by_shard(self._items).values():
+            data = _data_view(reader, items[0][0].shard)
+            if data is None:
+                continue
+            for dtype, (view, mask) in _EXPONENT_BITS.items():
+                refs = [r for r, _ in items if r.info.dtype == dtype]
+                if refs:
+                    self._scan(data, refs, view, mask, report)
 
     @staticmethod
-    def _check_run(
-        reader: TensorReader,
-        run: list[tuple[SafetensorsFile, TensorInfo]],
+    def _scan(
+        data: np.ndarray,
+        refs: list[TensorRef],
+        view: str,
+        mask: int,
         report: Callable[[TensorRef], None],
     ) -> None:
-        st, first = run[0]
-        last = run[-1][1]
-        dt = np.dtype("<f2") if first.dtype == "F16" else np.dtype("<f4")
-        span = TensorInfo("", first.dtype, (0,), first.begin, last.end)
-        try:
-            buf = reader.payload(st, span)
-        except (ValueError, OSError):
-            return  # payloads beyond EOF are reported by the safetensors layer (ST016)
-        arr = np.frombuffer(buf, dtype=dt)
-        # NaN/Inf have an all-ones exponent: test the bits, cheaper than isfinite on fp16
-        if dt.itemsize == 2:
-            bad = (arr.view("<u2") & 0x7C00) == 0x7C00
-        else:
-            bad = (arr.view("<u4") & 0x7F800000) == 0x7F800000
-        if not bad.any():
+        size = np.dtype(view).itemsize
+        aligned = [r for r in refs if r.info.begin % size == 0]
+        for r in refs:  # an odd offset cannot be viewed as a word array: check it alone
+            if r.info.begin % size:
+                words = data[r.info.begin : r.info.end].copy().view(view)
+                if ((words & mask) == mask).any():
+                    report(r)
+        if not aligned:
             return
-        for _, info in run:
-            lo = (info.begin - first.begin) // dt.itemsize
-            if bad[lo : lo + info.numel].any():
-                report(TensorRef(st, info))
+        words = data[: data.size - data.size % size].view(view)
+        starts = np.fromiter((r.info.begin // size for r in aligned), np.int64, len(aligned))
+        counts = np.fromiter((r.info.numel for r in aligned), np.int64, len(aligned))
+        ends = np.cumsum(counts)
+        index = np.repeat(starts - (ends - counts), counts) + np.arange(ends[-1])
+        bad = (words[index] & mask) == mask
+        if bad.any():
+            for i in np.unique(np.searchsorted(ends, np.flatnonzero(bad), side="right")):
+                report(aligned[i])
 
 
 # --- digests (--hash) ----------------------------------------------------------------------

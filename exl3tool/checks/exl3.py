@@ -9,7 +9,7 @@ from typing import Any
 
 from exl3tool.checks import checkpoint_rules as ck
 from exl3tool.checks import exl3_rules as ex
-from exl3tool.checks.checkpoint import FiniteCheck, read_scalar_i32
+from exl3tool.checks.checkpoint import FiniteCheck, RandomAccessReader, read_scalar_i32
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
@@ -59,12 +59,15 @@ def check_marker(reader: TensorReader, ref: TensorRef, kind: str, findings: Find
             tensor=ref.name,
         )
         return
+    deferred = getattr(reader, "markers", None)
+    if deferred is not None:  # RandomAccessReader: one vectorised read per shard at flush
+        deferred.add(ref, MARKER_VALUES[kind])
+        return
     value = read_scalar_i32(reader, ref)
     if value is not None and value != MARKER_VALUES[kind]:
         findings.add(
             ex.EX_MARKER_VALUE,
-            f"{kind} marker is {value} (0x{value & 0xFFFFFFFF:08X}), expected "
-            f"{MARKER_VALUES[kind]} (0x{MARKER_VALUES[kind] & 0xFFFFFFFF:08X})",
+            _marker_message(value, MARKER_VALUES[kind]),
             file=ref.file,
             tensor=ref.name,
         )
@@ -206,6 +209,31 @@ def report_nonfinite(findings: Findings) -> Any:
         findings.add(ex.EX_NONFINITE, "NaN or Inf among the scales", file=ref.file, tensor=ref.name)
 
     return report
+
+
+def _marker_message(value: int, expected: int) -> str:
+    kind = next(k for k, v in MARKER_VALUES.items() if v == expected)
+    return (
+        f"{kind} marker is {value} (0x{value & 0xFFFFFFFF:08X}), expected "
+        f"{expected} (0x{expected & 0xFFFFFFFF:08X})"
+    )
+
+
+def flush_payload_checks(reader: TensorReader, finite: FiniteCheck, findings: Findings) -> None:
+    """Run the deferred marker reads and the finiteness scan (zero-copy, one gather per shard)."""
+    markers = getattr(reader, "markers", None)
+    if markers is not None:
+
+        def bad_marker(ref: TensorRef, value: int, expected: int) -> None:
+            findings.add(
+                ex.EX_MARKER_VALUE,
+                _marker_message(value, expected),
+                file=ref.file,
+                tensor=ref.name,
+            )
+
+        markers.run(reader, bad_marker)
+    finite.run(reader, report_nonfinite(findings))
 
 
 # --- tensor_storage (exl3-format.md §2, r7 §8) ----------------------------------------------------
@@ -352,9 +380,9 @@ def check_exl3(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -
             pointer="/tensor_storage" if ckpt.quant_config is not None else None,
         )
     finite = FiniteCheck()
-    with TensorReader() as reader:
+    with RandomAccessReader() as reader:
         check_linears(groups, ckpt.tensors, findings, reader, finite)
-        finite.run(reader, report_nonfinite(findings))
+        flush_payload_checks(reader, finite, findings)
     if ckpt.single_file is None:
         check_tensor_storage(ckpt, groups, findings)
         check_config_drift(ckpt, findings)

@@ -19,12 +19,18 @@ from exl3tool.checks.checkpoint import (
     Digests,
     ExpertTable,
     FiniteCheck,
+    RandomAccessReader,
     expert_count,
     expert_table,
     schema_errors,
     sha_ok,
 )
-from exl3tool.checks.exl3 import check_linears, check_marker, check_trellis_dtype, report_nonfinite
+from exl3tool.checks.exl3 import (
+    check_linears,
+    check_marker,
+    check_trellis_dtype,
+    flush_payload_checks,
+)
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.rank_sliced import TailContext, check_tail, tail_layers
 from exl3tool.findings import Findings
@@ -458,7 +464,7 @@ def check_layer_manifests(
             if not (ckpt.root / name).is_file():
                 findings.add(r7.R7_MANIFEST_MISSING, f"no manifest for layer {layer}", file=name)
             continue
-        errors = schema_errors(MANIFEST_SCHEMA, man)
+        errors = manifest_schema_errors(man)
         for ptr, msg, _ in errors[:MAX_MISSING]:
             findings.add(r7.R7_MANIFEST_SCHEMA, msg, file=name, pointer=ptr)
         bad_tops = {str(p[0]) for _, _, p in errors if p}
@@ -507,6 +513,30 @@ def check_layer_manifests(
                 file=name,
                 pointer="/shard_sha256",
             )
+
+
+# The big per-tensor maps of a manifest (768-2304 entries on GLM-5.2): jsonschema spends ~50 µs
+# per entry on them, so their values are checked here with the same rules as the schema
+# (`additionalProperties` of /payload_sha256 and /bit_map) and the schema sees them empty.
+_BIG_MAPS = {
+    "payload_sha256": (lambda v: sha_ok(v), "is not a 64-hex sha256"),
+    "bit_map": (lambda v: is_json_int(v) and 1 <= v <= 8, "is not a JSON integer in 1..8"),
+}
+
+
+def manifest_schema_errors(man: dict) -> list[tuple[str, str, tuple[Any, ...]]]:
+    """schemas/r7-layer-manifest.schema.json errors of `man`, fast on its big maps."""
+    skeleton = dict(man)
+    errors: list[tuple[str, str, tuple[Any, ...]]] = []
+    for key, (ok, what) in _BIG_MAPS.items():
+        value = man.get(key)
+        if not isinstance(value, dict):
+            continue
+        skeleton[key] = {}
+        for k, v in value.items():
+            if not ok(v):
+                errors.append((pointer_join(pointer_join("", key), k), f"{v!r} {what}", (key, k)))
+    return sorted(errors + schema_errors(MANIFEST_SCHEMA, skeleton), key=lambda e: e[0])
 
 
 def _manifest_semantics(
@@ -741,7 +771,7 @@ def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> 
             )
     finite = FiniteCheck()
     digests = Digests(ckpt.root, options) if options.hash else None
-    with TensorReader() as reader:
+    with RandomAccessReader() as reader:
         if block is not None and count is not None:
             payload = check_experts(
                 table, block, count[1], hidden, inter, findings, reader, finite, ckpt.shards
@@ -755,7 +785,7 @@ def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> 
             )
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
         check_linears(group_linears(others), ckpt.tensors, findings, reader, finite)
-        finite.run(reader, report_nonfinite(findings))
+        flush_payload_checks(reader, finite, findings)
     check_checkpoint_manifest(ckpt, findings, digests)
     if digests is None:
         findings.add(

@@ -9,12 +9,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from exl3tool.checks import r7_rules as r7
-from exl3tool.checks.checkpoint import ExpertTable, FiniteCheck, expert_count, expert_table
+from exl3tool.checks.checkpoint import (
+    ExpertTable,
+    FiniteCheck,
+    RandomAccessReader,
+    expert_count,
+    expert_table,
+)
 from exl3tool.checks.exl3 import (
     check_linears,
     check_marker,
     check_trellis_dtype,
-    report_nonfinite,
+    flush_payload_checks,
 )
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.findings import Findings
@@ -288,10 +294,10 @@ def check_rank_sliced(ckpt: Checkpoint, findings: Findings, options: ValidateOpt
             pointer="/n_routed_experts",
         )
     finite = FiniteCheck()
-    with TensorReader() as reader:
+    with RandomAccessReader() as reader:
         check_tail(
             ckpt, config.get("hybrid_tr3_tail"), table, ctx, findings, options, reader, finite
         )
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
         check_linears(group_linears(others), ckpt.tensors, findings, reader, finite)
-        finite.run(reader, report_nonfinite(findings))
+        flush_payload_checks(reader, finite, findings)

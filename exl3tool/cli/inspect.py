@@ -85,7 +85,7 @@ def _text(info: dict[str, Any]) -> None:
         counts: dict[int, list[str]] = {}
         for layer, t in tiers.items():
             counts.setdefault(t, []).append(layer)
-        tt = Table(title="tier per layer (distinct K across gate/up/down)")
+        tt = Table(title="tier per layer", caption="tier = distinct K across gate/up/down")
         tt.add_column("tier", justify="right")
         tt.add_column("layers")
         for t, layers in sorted(counts.items()):

@@ -8,6 +8,7 @@ import typer
 from exl3tool import __version__
 from exl3tool.cli import rules_cmd
 from exl3tool.cli import check as check_cmd
+from exl3tool.cli import decode as decode_cmd
 from exl3tool.cli import diff as diff_cmd
 from exl3tool.cli import identity as identity_cmd
 from exl3tool.cli import validate as validate_cmd
@@ -50,6 +51,7 @@ app.command("inspect")(inspect_cmd.inspect)
 app.command("slice")(slice_cmd.slice_cmd)
 app.command("verify-swap")(verify_swap_cmd.verify_swap)
 app.command("stage-cartridge")(stage_cmd.stage_cartridge)
+app.command("decode")(decode_cmd.decode)
 
 
 def main() -> None:

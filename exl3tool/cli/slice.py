@@ -99,6 +99,10 @@ def slice_cmd(
         int | None, typer.Option("--threads", min=1, help="Worker threads (default: cores).")
     ] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="text or json.")] = "text",
+    sha256: Annotated[
+        bool,
+        typer.Option("--sha256", help="Also record each output file's sha256 (blake3 always)."),
+    ] = False,
 ) -> None:
     """Slice for tensor parallelism; each rank reads only its own bytes (exl3-format.md §6)."""
     from exl3tool.tp.run import SliceOptions, slice_artifact, verify_output
@@ -122,7 +126,7 @@ def slice_cmd(
         fail(str(exc), EXIT_USAGE)
     if not dry_run and output is None:
         fail("slice needs -o OUT (or --dry-run)", EXIT_USAGE)
-    opts = SliceOptions(tp, mode, layout, shard, force, verify, threads)
+    opts = SliceOptions(tp, mode, layout, shard, force, verify, threads, sha256)
     from exl3tool.report.progress import progress_bar
 
     try:

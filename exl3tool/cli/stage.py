@@ -27,7 +27,9 @@ def stage_cartridge(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing OUT.")] = False,
     threads: Annotated[
         int | None,
-        typer.Option("--threads", help="Shards copied in parallel (default: all cores)."),
+        typer.Option(
+            "--threads", help="Shards copied in parallel (default: all of them, up to 4 per core)."
+        ),
     ] = None,
     fmt: Annotated[
         str, typer.Option("--format", "-f", help="Result format: text or json.")

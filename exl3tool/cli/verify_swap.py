@@ -96,7 +96,8 @@ def verify_swap(
         fail("--tp, --tokens and --threads must be at least 1", EXIT_USAGE)
     if threads is None and device == "cpu":
         # ranks share the cores; oversubscribed OpenMP spin-waits are catastrophic on small hosts
-        threads = max(1, (os.cpu_count() or 1) // tp)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", tp)))
+        threads = max(1, (os.cpu_count() or 1) // max(tp, local))
     for p in (base, adapter, adapter_b, dense):
         if p is not None and not p.exists():
             raise InputError(f"{p}: no such file or directory")

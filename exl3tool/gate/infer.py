@@ -15,6 +15,7 @@ from typing import Any
 from exl3tool.findings import Findings
 from exl3tool.formats.detect import Kind, detect
 from exl3tool.gate.config import ArtifactSpec, GateConfig
+from exl3tool.gate.hf import parse_hf_id
 from exl3tool.io.jsonfile import read_json
 
 
@@ -91,7 +92,8 @@ def infer(args: list[tuple[str, Path | None]], base: GateConfig | None = None) -
         notes.append(f"inferred for {arg} ({kind}): {', '.join(steps)}")
         specs.append(
             ArtifactSpec(
-                path=str(path) if path is not None else arg,
+                # an HF id stays an id: run_check resolves it again and reports its source
+                path=arg if path is None or parse_hf_id(arg) else str(path),
                 name=arg,
                 role=default_role(kind),
                 base=cart_base,

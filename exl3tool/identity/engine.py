@@ -9,9 +9,7 @@ keeps them), so resident memory stays near `threads x CHUNK` whatever the checkp
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import mmap
 import os
 import threading
 from collections.abc import Hashable, Iterable, Sequence
@@ -30,7 +28,6 @@ CHUNK = 8 << 20  # bytes per update for a one-thread hasher
 MT_CHUNK = 64 << 20  # bytes per update for a multi-threaded blake3 hasher
 MT_MIN = 32 << 20  # smallest job worth a multi-threaded blake3 hasher
 DROP_EVERY = 32 << 20  # bytes a worker hashes between page drops and progress updates
-_PAGE = mmap.PAGESIZE
 
 
 class Hasher(Protocol):
@@ -95,17 +92,6 @@ def _map_all(paths: Iterable[Path]) -> dict[Path, MappedFile]:
     return maps
 
 
-def _drop(mf: MappedFile, start: int, end: int) -> None:
-    """Unmap hashed pages from this process (they stay in the page cache)."""
-    mm = getattr(mf, "_mm", None)  # views.MappedFile keeps its mmap private
-    if mm is None or not hasattr(mm, "madvise") or end <= start:
-        return
-    lo = start - start % _PAGE
-    hi = min(end + (-end % _PAGE), mf.size + (-mf.size % _PAGE))
-    with contextlib.suppress(OSError, ValueError):
-        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-
-
 class _Tracker:
     """One worker's bookkeeping: progress and page drops, batched every DROP_EVERY bytes
     (each madvise costs a TLB shootdown across the pool's threads, so never per tensor)."""
@@ -128,8 +114,18 @@ class _Tracker:
             self._progress.advance(self._pending)
             self._pending = 0
         for p, (lo, hi) in self._hull.items():
-            _drop(self._maps[p], lo, hi)
+            self._maps[p].release(lo, hi)
         self._hull.clear()
+
+
+def _constructor(algo: str) -> Any:
+    """The one-thread hasher factory of `algo` (resolved once, not per tensor)."""
+    check_algo(algo)
+    if algo == "sha256":
+        return hashlib.sha256
+    import blake3
+
+    return blake3.blake3
 
 
 def _hash_job(
@@ -138,7 +134,20 @@ def _hash_job(
     hasher_threads: int,
     maps: dict[Path, MappedFile],
     track: _Tracker,
+    ctor: Any = None,
 ) -> str:
+    if hasher_threads == 1 and ctor is not None and len(segments) == 1:
+        seg = segments[0]  # the common case: one tensor span, one update (GIL released)
+        if seg.nbytes <= CHUNK:
+            mf = maps[seg.path]
+            if seg.end > mf.size:
+                raise InputError(
+                    f"{seg.path}: payload [{seg.start}, {seg.end}) beyond {mf.size} bytes"
+                )
+            with mf.buffer(seg.start, seg.end) as view:
+                h = ctor(view)
+            track.note(seg.path, seg.start, seg.end)
+            return h.hexdigest()
     h = new_hasher(algo, hasher_threads)
     chunk = MT_CHUNK if hasher_threads > 1 else CHUNK
     for seg in segments:
@@ -160,6 +169,23 @@ class _NoProgress:
         return None
 
 
+def _units(order: list[int], sizes: dict[int, int], heavy: int) -> list[list[int]]:
+    """Work units a worker takes at once: each heavy job alone, then runs of consecutive light
+    jobs of about DROP_EVERY bytes (few queue round trips; each worker's pages stay compact)."""
+    units: list[list[int]] = [[i] for i in order[:heavy]]
+    cur: list[int] = []
+    acc = 0
+    for i in order[heavy:]:
+        cur.append(i)
+        acc += sizes[i]
+        if acc >= DROP_EVERY:
+            units.append(cur)
+            cur, acc = [], 0
+    if cur:
+        units.append(cur)
+    return units
+
+
 def hash_segments(
     jobs: Iterable[tuple[K, Sequence[Segment]]],
     algo: str = "sha256",
@@ -171,7 +197,7 @@ def hash_segments(
     A blake3 job larger than half its fair share of the work gets a hasher with `threads`
     threads of its own.
     """
-    check_algo(algo)
+    ctor = _constructor(algo)
     threads = max(1, threads or default_threads())
     prog = progress or _NoProgress()
     items = [(key, tuple(segs)) for key, segs in jobs]
@@ -185,7 +211,7 @@ def hash_segments(
         (i for i in sizes if sizes[i] <= fair / 8),
         key=lambda i: (str(items[i][1][0].path), items[i][1][0].start) if items[i][1] else ("", 0),
     )
-    order = heavy + light
+    units = _units(heavy + light, sizes, len(heavy))
 
     def hasher_threads(i: int) -> int:
         big = algo == "blake3" and sizes[i] >= MT_MIN and sizes[i] > fair / 2
@@ -194,25 +220,26 @@ def hash_segments(
     maps = _map_all(seg.path for _, segs in items for seg in segs)
     digests: dict[int, str] = {}
     errors: list[BaseException] = []
-    queue = iter(order)
+    queue = iter(units)
     lock = threading.Lock()
 
     def worker() -> None:
         track = _Tracker(maps, prog)
         while not errors:
             with lock:
-                i = next(queue, None)
-            if i is None:
+                unit = next(queue, None)
+            if unit is None:
                 break
             try:
-                digests[i] = _hash_job(items[i][1], algo, hasher_threads(i), maps, track)
+                for i in unit:
+                    digests[i] = _hash_job(items[i][1], algo, hasher_threads(i), maps, track, ctor)
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
                 break
         track.flush()
 
     try:
-        n_workers = min(threads, len(items))
+        n_workers = min(threads, len(units))
         if n_workers <= 1:
             worker()
         else:

@@ -19,7 +19,13 @@ from typing import Any
 from exl3tool.errors import UsageError
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.names import layer_of
-from exl3tool.identity.engine import check_algo, hash_segments, new_hasher, tensor_segment
+from exl3tool.identity.engine import (
+    Segment,
+    check_algo,
+    hash_segments,
+    new_hasher,
+    tensor_segment,
+)
 from exl3tool.identity.logical import LogicalPlan, PlanProblem, build_plan
 from exl3tool.io.strict_json import canonical_json
 
@@ -139,6 +145,41 @@ def planned_bytes(plan: LogicalPlan, algo: str, compat: bool | None = None) -> i
     return n
 
 
+def identity_jobs(plan: LogicalPlan) -> list[tuple[Any, tuple[Segment, ...]]]:
+    """What `compute_identity` hashes: (logical name, segments) per tensor and
+    ((name, i), segment) per replicated copy; `identity_from_digests` takes the digests."""
+    jobs: list[tuple[Any, tuple[Segment, ...]]] = [
+        (n, tuple(t.segments)) for n, t in plan.tensors.items()
+    ]
+    for name, refs in plan.replicas.items():
+        jobs += [((name, i), (tensor_segment(r.shard, r.info),)) for i, r in enumerate(refs)]
+    return jobs
+
+
+def identity_from_digests(
+    plan: LogicalPlan, digests: Mapping[Any, str], algo: str, *, selection: str | None = None
+) -> Identity:
+    """Fold the digests of `identity_jobs(plan)` into an Identity (replica problems included;
+    no compatibility block)."""
+    ident = Identity(algo, selection=selection, problems=list(plan.problems))
+    ident.tensors = {n: TensorDigest(t.dtype, t.shape, digests[n]) for n, t in plan.tensors.items()}
+    for name, refs in plan.replicas.items():
+        lt = plan.tensors[name]
+        for i, r in enumerate(refs):
+            same = (r.info.dtype, r.info.shape) == (lt.dtype, lt.shape)
+            if not same or digests[(name, i)] != digests[name]:
+                ident.problems.append(
+                    PlanProblem(
+                        f"replicated copy {r.name} in {r.file} differs from rank 0's copy",
+                        tensor=name,
+                        layer=layer_of(name),
+                        kind="replica",
+                    )
+                )
+    ident.layers, ident.root = fold(algo, ident.tensors)
+    return ident
+
+
 def compute_identity(
     ckpt: Checkpoint | None,
     *,
@@ -161,26 +202,8 @@ def compute_identity(
         assert ckpt is not None
         plan = build_plan(ckpt)
     plan = select(plan, layers)
-    jobs: list[tuple[Any, Any]] = [(n, t.segments) for n, t in plan.tensors.items()]
-    for name, refs in plan.replicas.items():
-        jobs += [((name, i), (tensor_segment(r.shard, r.info),)) for i, r in enumerate(refs)]
-    digests = hash_segments(jobs, algo, threads, progress)
-    ident = Identity(algo, selection=selection, problems=list(plan.problems))
-    ident.tensors = {n: TensorDigest(t.dtype, t.shape, digests[n]) for n, t in plan.tensors.items()}
-    for name, refs in plan.replicas.items():
-        lt = plan.tensors[name]
-        for i, r in enumerate(refs):
-            same = (r.info.dtype, r.info.shape) == (lt.dtype, lt.shape)
-            if not same or digests[(name, i)] != digests[name]:
-                ident.problems.append(
-                    PlanProblem(
-                        f"replicated copy {r.name} in {r.file} differs from rank 0's copy",
-                        tensor=name,
-                        layer=layer_of(name),
-                        kind="replica",
-                    )
-                )
-    ident.layers, ident.root = fold(algo, ident.tensors)
+    digests = hash_segments(identity_jobs(plan), algo, threads, progress)
+    ident = identity_from_digests(plan, digests, algo, selection=selection)
     if compat is not False:
         from exl3tool.identity.compat import compat_identity
 

@@ -6,11 +6,13 @@ import contextlib
 import mmap
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from exl3tool.io.dtypes import NUMPY
+from exl3tool.io.dtypes import numpy_dtype
 from exl3tool.io.safetensors import SafetensorsFile, TensorInfo
+
+if TYPE_CHECKING:  # numpy is imported by `array()` only: hashing never needs it
+    import numpy as np
 
 
 class MappedFile:
@@ -28,6 +30,17 @@ class MappedFile:
                 return memoryview(b"")
             raise ValueError(f"{self.path}: range [{start}, {end}) beyond {self.size} bytes")
         return memoryview(self._mm)[start:end]
+
+    def release(self, start: int, end: int) -> None:
+        """Unmap [start, end) from this process (pages stay in the page cache): keeps the
+        resident set small while streaming through files larger than memory."""
+        if self._mm is None or not hasattr(self._mm, "madvise") or end <= start:
+            return
+        page = mmap.PAGESIZE
+        lo = start - start % page
+        hi = min(end + (-end % page), self.size + (-self.size % page))
+        with contextlib.suppress(OSError, ValueError):
+            self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def advise_sequential(self) -> None:
         if self._mm is not None and hasattr(self._mm, "madvise"):
@@ -63,7 +76,9 @@ class TensorReader:
 
     def array(self, st: SafetensorsFile, info: TensorInfo) -> np.ndarray:
         """A read-only numpy view of the tensor (BF16/FP8 as raw unsigned ints)."""
-        dt = NUMPY[info.dtype]
+        import numpy as np
+
+        dt = numpy_dtype(info.dtype)
         buf = self.payload(st, info)
         return np.frombuffer(buf, dtype=dt, count=info.numel).reshape(info.shape)
 

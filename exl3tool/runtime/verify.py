@@ -760,7 +760,13 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         comm = from_env(opts.device)
         if opts.tp not in (1, comm.world_size):
             raise ValueError(f"--tp {opts.tp} but torchrun started {comm.world_size} ranks")
-        results = comm.gather_objects(rank_checks(comm, opts))
+        try:
+            results = comm.gather_objects(rank_checks(comm, opts))
+        finally:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
         world = comm.world_size
     else:
         world = opts.tp

@@ -28,6 +28,7 @@ class SliceOptions:
     force: bool = False
     verify: bool = False
     threads: int | None = None
+    sha256: bool = False  # per-file sha256 in the manifest, besides blake3
 
 
 @dataclass
@@ -121,6 +122,7 @@ def slice_artifact(
         verify=opts.verify,
         threads=opts.threads,
         progress=progress,
+        sha256=opts.sha256,
     )
     outcome.out, outcome.manifest = result.out, result.manifest
     return outcome

@@ -1,12 +1,18 @@
 """Streaming copy of planned slices into safetensors parts: one pass over the source, bounded memory.
 
 Each output stream (one per rank for the per-rank layout, one for the rank-sliced layout) is a
-list of parts whose headers are known from the plan. The source is walked in batches of
-`BATCH` payload bytes; inside a batch every stream copies its slices in order (streams run in a
-thread pool: numpy copies, hashing and `write` release the GIL). Contiguous runs are written
-straight from the source mmap; strided runs (column slices of a trellis) are gathered row by
-row into a reusable buffer. Each part is hashed (sha256 + blake3, `identity.engine.new_hasher`)
-as it is written, and the source pages of a finished batch are dropped from this process.
+list of parts whose headers are known from the plan. The source is walked in batches of `BATCH`
+payload bytes. Every stream is a consumer running in its own thread (numpy copies, hashing,
+`copy_file_range` and `write` release the GIL), and so is the optional source hasher, which
+digests source tensors for the source identity in the same pass (no second read of the source).
+A consumer may run at most `WINDOW` batches ahead of the slowest one; the source pages of a
+batch are dropped from this process once every consumer is done with it, so resident memory
+stays near `WINDOW x BATCH` whatever the source size.
+
+Contiguous runs are copied by the kernel (`copy_file_range`); strided runs (column slices of a
+trellis) are gathered row by row into a reusable buffer. Each part is hashed (blake3, and sha256
+when asked: `identity.engine.new_hasher`) as it is written, and its writeback to disk is started
+every `WRITEBACK` bytes so that the publishing fsync finds little left to do.
 """
 
 from __future__ import annotations
@@ -14,8 +20,8 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,8 +34,11 @@ from exl3tool.io.st_writer import TensorSpec, build_header
 from exl3tool.tp.slices import TensorSlice
 
 CHUNK = 8 << 20  # bytes per write / per gather buffer
-BATCH = 64 << 20  # source payload bytes per lock-step batch
+BATCH = 32 << 20  # source payload bytes per batch
+WINDOW = 4  # batches a consumer may run ahead of the slowest one (bounds mapped pages)
+WRITEBACK = 64 << 20  # output bytes between asynchronous writeback starts
 _PAGE = mmap.PAGESIZE
+_HAS_CFR = hasattr(os, "copy_file_range")
 
 
 @dataclass
@@ -111,17 +120,18 @@ class SourceMaps:
     def __init__(self, ckpt: Checkpoint) -> None:
         self.ckpt = ckpt
         self._maps: dict[str, mmap.mmap | None] = {}
+        self.fds: dict[str, int] = {}
         self.stamps: dict[str, FileStamp] = {}
+        self.digests: dict[str, str] = {}  # source tensor -> digest taken during the pass
 
     def get(self, label: str) -> mmap.mmap | None:
         if label not in self._maps:
             st = self.ckpt.shards[label]
-            with open(st.path, "rb") as fh:
-                stamp = FileStamp.of(os.fstat(fh.fileno()))
-                self.stamps[label] = stamp
-                self._maps[label] = (
-                    mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if stamp.size else None
-                )
+            fd = os.open(st.path, os.O_RDONLY)
+            self.fds[label] = fd
+            stamp = FileStamp.of(os.fstat(fd))
+            self.stamps[label] = stamp
+            self._maps[label] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if stamp.size else None
         return self._maps[label]
 
     def drop(self, label: str, start: int, end: int) -> None:
@@ -144,6 +154,9 @@ class SourceMaps:
         for mm in self._maps.values():
             _close(mm)
         self._maps.clear()
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
 
 
 def _write_all(fd: int, data) -> None:
@@ -153,19 +166,43 @@ def _write_all(fd: int, data) -> None:
         mv = mv[n:]
 
 
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range: Callable[[int, int, int, int], int] | bool | None = False
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing [offset, offset + nbytes) to disk now, without waiting
+    (Linux sync_file_range(SYNC_FILE_RANGE_WRITE)); a no-op where that call does not exist."""
+    global _sync_file_range
+    if _sync_file_range is False:
+        _sync_file_range = None
+        with contextlib.suppress(OSError, AttributeError, TypeError):
+            import ctypes
+            import ctypes.util
+
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            fn = libc.sync_file_range
+            fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+            fn.restype = ctypes.c_int
+            _sync_file_range = fn
+    if _sync_file_range:
+        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # type: ignore[operator]
+
+
 @dataclass
 class _Stream:
     """The writer of one stream of parts; only one thread touches it at a time."""
 
     root: Path
     parts: list[Part]
-    hash_files: bool = True
+    algos: tuple[str, ...] = ("blake3",)  # per-part file digests, in Part field names
     _part: int = -1
     _left: int = 0
     _fd: int | None = None
     _hashers: list = field(default_factory=list)
     _buf: np.ndarray | None = None
-    _pos: list[int] = field(default_factory=list)  # next slice index per part
+    _written: int = 0  # bytes written to the open part
+    _kicked: int = 0  # bytes of it whose writeback was started
 
     def _open_next(self) -> None:
         self._close_current()
@@ -174,24 +211,38 @@ class _Stream:
         path = self.root / part.path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._hashers = [new_hasher("sha256"), new_hasher("blake3")] if self.hash_files else []
-        self._emit(part.header())
+        self._written = self._kicked = 0
+        self._hashers = [new_hasher(a) for a in self.algos]
+        header = part.header()
+        self._emit(header)
         self._left = len(part.slices)
-        part.size = len(part.header()) + sum(s.nbytes for s in part.slices)
+        part.size = len(header) + sum(s.nbytes for s in part.slices)
 
     def _close_current(self) -> None:
         if self._fd is None:
             return
+        self._writeback(force=True)
         os.close(self._fd)
         self._fd = None
-        if self._hashers:
-            part = self.parts[self._part]
-            part.sha256, part.blake3 = (h.hexdigest() for h in self._hashers)
+        part = self.parts[self._part]
+        for algo, h in zip(self.algos, self._hashers, strict=True):
+            setattr(part, algo, h.hexdigest())
 
-    def _emit(self, data) -> None:
+    def _writeback(self, force: bool = False) -> None:
+        n = self._written - self._kicked
+        if self._fd is not None and n and (force or n >= WRITEBACK):
+            start_writeback(self._fd, self._kicked, n)
+            self._kicked = self._written
+
+    def _hash(self, data) -> None:
         for h in self._hashers:
             h.update(data)
+
+    def _emit(self, data) -> None:
+        self._hash(data)
         _write_all(self._fd, data)
+        self._written += len(data)
+        self._writeback()
 
     def start(self) -> None:
         """Open the first part (also writes header-only parts of an empty stream)."""
@@ -199,13 +250,35 @@ class _Stream:
         while self._left == 0 and self._part + 1 < len(self.parts):
             self._open_next()
 
-    def copy(self, s: TensorSlice, mm: mmap.mmap | None, payload_start: int) -> None:
+    def _copy_range(self, mm: mmap.mmap, src_fd: int, base: int, n: int) -> None:
+        """A contiguous run: kernel-side copy (copy_file_range); hashed from the source map."""
+        if self._hashers:
+            view = memoryview(mm)
+            try:
+                for pos in range(base, base + n, CHUNK):
+                    self._hash(view[pos : min(pos + CHUNK, base + n)])
+            finally:
+                view.release()
+        done = 0
+        while done < n:
+            k = os.copy_file_range(src_fd, self._fd, n - done, base + done)
+            if k <= 0:
+                raise OSError(f"copy_file_range stopped after {done} of {n} bytes")
+            done += k
+        self._written += n
+        self._writeback()
+
+    def copy(
+        self, s: TensorSlice, mm: mmap.mmap | None, payload_start: int, src_fd: int | None = None
+    ) -> None:
         while self._left == 0:
             self._open_next()
         lay = s.layout
         if lay.nbytes:
             base = payload_start + lay.offset
-            if lay.contiguous:
+            if lay.contiguous and src_fd is not None and _HAS_CFR:
+                self._copy_range(mm, src_fd, base, lay.nbytes)
+            elif lay.contiguous:
                 view = memoryview(mm)
                 try:
                     for pos in range(base, base + lay.nbytes, CHUNK):
@@ -242,6 +315,84 @@ class _Stream:
             self._fd = None
 
 
+class _SourceHasher:
+    """Digests of whole source tensors, taken from the same maps as the copy (one read)."""
+
+    def __init__(self, algo: str, wanted: set[str]) -> None:
+        self.algo = algo
+        self.wanted = wanted
+        self.digests: dict[str, str] = {}
+
+    def run(self, names: Sequence[str], ckpt: Checkpoint, maps: SourceMaps) -> None:
+        for name in names:
+            if name not in self.wanted:
+                continue
+            ref = ckpt.tensors[name]
+            a = ref.shard.data_start + ref.info.begin
+            b = a + ref.info.nbytes
+            h = new_hasher(self.algo)
+            mm = maps.get(ref.file)
+            if mm is not None and b > a:
+                view = memoryview(mm)
+                try:
+                    for pos in range(a, b, CHUNK):
+                        h.update(view[pos : min(pos + CHUNK, b)])
+                finally:
+                    view.release()
+            self.digests[name] = h.hexdigest()
+
+
+def _batches(ckpt: Checkpoint, order: Sequence[str]) -> list[tuple[int, int]]:
+    """[first, last) source indices of consecutive runs of about BATCH payload bytes."""
+    batches: list[tuple[int, int]] = []
+    lo, acc = 0, 0
+    for i, name in enumerate(order):
+        acc += ckpt.tensors[name].info.nbytes
+        if acc >= BATCH:
+            batches.append((lo, i + 1))
+            lo, acc = i + 1, 0
+    if lo < len(order) or not batches:
+        batches.append((lo, len(order)))
+    return batches
+
+
+class _Window:
+    """Keeps consumers within WINDOW batches of each other; the last consumer done with a
+    batch runs its `release` (page drops, progress)."""
+
+    def __init__(self, consumers: int, release: Callable[[int], None]) -> None:
+        self._cond = threading.Condition()
+        self._consumers = consumers
+        self._done: dict[int, int] = {}
+        self._finished = -1  # every batch <= this is done by everyone
+        self._release = release
+        self.failed = False
+
+    def wait_turn(self, b: int) -> bool:
+        with self._cond:
+            while not self.failed and b - self._finished > WINDOW:
+                self._cond.wait()
+            return not self.failed
+
+    def done(self, b: int) -> None:
+        with self._cond:
+            self._done[b] = self._done.get(b, 0) + 1
+            last = self._done[b] == self._consumers
+            if last:
+                del self._done[b]
+        if last:
+            self._release(b)
+            with self._cond:
+                # batches complete in order per consumer, so the last one for b finishes b
+                self._finished = max(self._finished, b)
+                self._cond.notify_all()
+
+    def fail(self) -> None:
+        with self._cond:
+            self.failed = True
+            self._cond.notify_all()
+
+
 def write_streams(
     ckpt: Checkpoint,
     order: Sequence[str],
@@ -250,9 +401,14 @@ def write_streams(
     *,
     threads: int | None = None,
     progress=None,
+    algos: tuple[str, ...] = ("blake3",),
+    source_algo: str = "blake3",
+    source_tensors: set[str] | None = None,
 ) -> SourceMaps:
     """Copy every part of every stream into `root`; fills each Part's size and digests.
 
+    `algos`: the per-part file digests (Part fields). `source_tensors`: source tensors whose
+    whole-payload `source_algo` digest is taken in the same pass (returned in `.digests`).
     Returns the source maps (closed) whose `changed()` tells whether the source moved under us.
     """
     index = {n: i for i, n in enumerate(order)}
@@ -263,53 +419,59 @@ def write_streams(
         if any(items[i][0] > items[i + 1][0] for i in range(len(items) - 1)):
             raise ValueError("stream slices are not in source order")
         flat.append(items)
-    batches: list[tuple[int, int]] = []  # [first, last) source indices
-    lo, acc = 0, 0
-    for i, name in enumerate(order):
-        acc += ckpt.tensors[name].info.nbytes
-        if acc >= BATCH:
-            batches.append((lo, i + 1))
-            lo, acc = i + 1, 0
-    if lo < len(order) or not batches:
-        batches.append((lo, len(order)))
+    batches = _batches(ckpt, order)
     maps = SourceMaps(ckpt)
-    writers = [_Stream(root, parts) for parts in streams]
+    writers = [_Stream(root, parts, algos) for parts in streams]
+    hasher = _SourceHasher(source_algo, source_tensors) if source_tensors else None
     cursors = [0] * len(writers)
-    workers = max(1, min(len(writers), threads or os.cpu_count() or 1))
 
-    def run(w: int, last: int) -> None:
+    def copy_batch(w: int, b: int) -> None:
+        last = batches[b][1]
         items, writer = flat[w], writers[w]
         i = cursors[w]
         while i < len(items) and items[i][0] < last:
             src_idx, s = items[i]
             ref = ckpt.tensors[order[src_idx]]
-            writer.copy(s, maps.get(ref.file), ref.shard.data_start + ref.info.begin)
+            mm = maps.get(ref.file)
+            writer.copy(s, mm, ref.shard.data_start + ref.info.begin, maps.fds.get(ref.file))
             i += 1
         cursors[w] = i
 
+    def hash_batch(b: int) -> None:
+        assert hasher is not None
+        first, last = batches[b]
+        hasher.run(order[first:last], ckpt, maps)
+
+    def release(b: int) -> None:
+        first, last = batches[b]
+        spans: dict[str, tuple[int, int]] = {}
+        for name in order[first:last]:
+            ref = ckpt.tensors[name]
+            a, e = ref.shard.span(name)
+            lo_, hi_ = spans.get(ref.file, (a, e))
+            spans[ref.file] = (min(lo_, a), max(hi_, e))
+        for label, (a, e) in spans.items():
+            maps.drop(label, a, e)
+        if progress is not None:
+            progress.advance(sum(ckpt.tensors[n].info.nbytes for n in order[first:last]))
+
+    consumers: list[Callable[[int], None]] = [
+        (lambda b, w=w: copy_batch(w, b)) for w in range(len(writers))
+    ]
+    if hasher is not None:
+        consumers.append(hash_batch)
     try:
-        for parts_label in {ckpt.tensors[n].file for n in order}:
-            maps.get(parts_label)
+        for label in {ckpt.tensors[n].file for n in order}:
+            maps.get(label)
         for w in writers:
             w.start()
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="exl3slice") as pool:
-            for first, last in batches:
-                if workers == 1:
-                    for w in range(len(writers)):
-                        run(w, last)
-                else:
-                    for fut in [pool.submit(run, w, last) for w in range(len(writers))]:
-                        fut.result()
-                spans: dict[str, tuple[int, int]] = {}
-                for name in order[first:last]:
-                    ref = ckpt.tensors[name]
-                    a, b = ref.shard.span(name)
-                    lo_, hi_ = spans.get(ref.file, (a, b))
-                    spans[ref.file] = (min(lo_, a), max(hi_, b))
-                for label, (a, b) in spans.items():
-                    maps.drop(label, a, b)
-                if progress is not None:
-                    progress.advance(sum(ckpt.tensors[n].info.nbytes for n in order[first:last]))
+        if (threads or os.cpu_count() or 1) <= 1 or len(consumers) == 1:
+            for b in range(len(batches)):
+                for c in consumers:
+                    c(b)
+                release(b)
+        else:
+            _run_consumers(consumers, len(batches), release)
         for w in writers:
             w.finish()
     except BaseException:
@@ -318,4 +480,36 @@ def write_streams(
         maps.close()
         raise
     maps.close()
+    if hasher is not None:
+        maps.digests = hasher.digests
     return maps
+
+
+def _run_consumers(
+    consumers: Sequence[Callable[[int], None]], n_batches: int, release: Callable[[int], None]
+) -> None:
+    """One thread per consumer, each through every batch in order, within the window."""
+    window = _Window(len(consumers), release)
+    errors: list[BaseException] = []
+
+    def loop(consume: Callable[[int], None]) -> None:
+        try:
+            for b in range(n_batches):
+                if not window.wait_turn(b):
+                    return
+                consume(b)
+                window.done(b)
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+            window.fail()
+
+    pool = [
+        threading.Thread(target=loop, args=(c,), name=f"exl3slice-{i}", daemon=True)
+        for i, c in enumerate(consumers)
+    ]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]

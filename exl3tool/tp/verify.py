@@ -49,8 +49,9 @@ def read_manifest(out: Path, findings: Findings) -> dict[str, Any] | None:
 
 
 def _check_files(out: Path, files: list[dict], findings: Findings, threads: int | None) -> set[str]:
-    """Size, sha256 and blake3 of every listed file; returns the paths present with the right
-    size (a digest mismatch is reported, and the tensor comparison then names what changed)."""
+    """Size, blake3 (and sha256 where recorded) of every listed file; returns the paths present
+    with the right size (a digest mismatch is reported, and the tensor comparison then names
+    what changed)."""
     ok: list[str] = []
     for rec in files:
         rel = rec["path"]
@@ -68,11 +69,14 @@ def _check_files(out: Path, files: list[dict], findings: Findings, threads: int 
             )
         else:
             ok.append(rel)
-    paths = [out / r for r in ok]
-    digests = {a: hash_files(paths, a, threads) for a in ("sha256", "blake3")}
     by_rel = {r["path"]: r for r in files}
+    digests = {
+        a: hash_files([out / r for r in ok if a in by_rel[r]], a, threads)
+        for a in ("sha256", "blake3")  # sha256 only where recorded (`slice --sha256`)
+    }
     for rel in ok:
-        bad = [a for a in ("sha256", "blake3") if digests[a][out / rel] != by_rel[rel][a]]
+        rec = by_rel[rel]
+        bad = [a for a in ("sha256", "blake3") if a in rec and digests[a][out / rel] != rec[a]]
         if bad:
             findings.add(tp_rules.TP_FILE_DIGEST, f"{'/'.join(bad)} differs", file=rel)
     return set(ok)

@@ -29,6 +29,8 @@ from exl3tool.tp.stream import Part, split_parts, write_streams
 
 SCHEMA = "exl3tool-slices/1"
 DEFAULT_MAX_SHARD = 5 << 30
+IDENTITY_ALGO = "blake3"
+FILE_ALGOS = ("blake3",)  # per-file digests by default; `sha256=True` adds sha256
 
 
 class SliceFailed(Exl3ToolError):
@@ -81,21 +83,21 @@ def rank_sliced_stream(plan: SlicePlan, max_size: int) -> list[Part]:
     return parts
 
 
-def _file_records(root: Path, rels: list[str], parts: dict[str, Part]) -> list[dict[str, Any]]:
-    """size/sha256/blake3 per output file: parts were hashed while written, the rest now."""
+def _file_records(
+    root: Path, rels: list[str], parts: dict[str, Part], algos: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """size and digests (`algos`) per output file: parts were hashed while written, the rest now."""
     rest = [root / r for r in rels if r not in parts]
-    sha = hash_files(rest, "sha256") if rest else {}
-    b3 = hash_files(rest, "blake3") if rest else {}
+    digests = {a: hash_files(rest, a) if rest else {} for a in algos}
     out = []
     for rel in sorted(rels):
         p = parts.get(rel)
         if p is not None:
-            out.append({"path": rel, "size": p.size, "sha256": p.sha256, "blake3": p.blake3})
+            out.append({"path": rel, "size": p.size, **{a: getattr(p, a) for a in algos}})
         else:
             path = root / rel
-            out.append(
-                {"path": rel, "size": path.stat().st_size, "sha256": sha[path], "blake3": b3[path]}
-            )
+            rec = {"path": rel, "size": path.stat().st_size}
+            out.append({**rec, **{a: digests[a][path] for a in algos}})
     return out
 
 
@@ -118,7 +120,7 @@ def build_manifest(
         "source": {
             "path": str(Path(source).absolute()),
             "kind": plan.kind,
-            "identity": {"algorithm": "blake3", "root": identity_root},
+            "identity": {"algorithm": IDENTITY_ALGO, "root": identity_root},
             "files": [
                 {"path": label, "size": st.file_size} for label, st in sorted(ckpt.shards.items())
             ],
@@ -141,10 +143,48 @@ def build_manifest(
 
 
 def source_identity_root(ckpt: Checkpoint, threads: int | None = None) -> str | None:
-    """The source's logical blake3 identity root (exl3tool/identity/fast.py)."""
+    """The source's logical blake3 identity root (exl3tool/identity/fast.py), in its own pass."""
     from exl3tool.identity.fast import compute_identity
 
     return compute_identity(ckpt, algo="blake3", threads=threads, compat=False).root or None
+
+
+class _SourceIdentity:
+    """The source identity taken during the slicing pass: each logical tensor that is one whole
+    source tensor (and each replicated copy) is hashed from the pages the copy reads anyway;
+    the rest (slices of a rank-sliced source, reassembled) is hashed afterwards."""
+
+    def __init__(self, ckpt: Checkpoint) -> None:
+        from exl3tool.identity.fast import identity_jobs
+        from exl3tool.identity.logical import build_plan
+
+        self.plan = build_plan(ckpt)
+        by_span = {
+            (ref.shard.path, *ref.shard.span(name)): name for name, ref in ckpt.tensors.items()
+        }
+        self.whole: dict[Any, str] = {}  # job key -> source tensor
+        self.rest: list[tuple[Any, Any]] = []
+        for key, segs in identity_jobs(self.plan):
+            name = (
+                by_span.get((segs[0].path, segs[0].start, segs[0].end)) if len(segs) == 1 else None
+            )
+            if name is None:
+                self.rest.append((key, segs))
+            else:
+                self.whole[key] = name
+
+    @property
+    def tensors(self) -> set[str]:
+        return set(self.whole.values())
+
+    def root(self, digests: dict[str, str], threads: int | None) -> str | None:
+        from exl3tool.identity.engine import hash_segments
+        from exl3tool.identity.fast import identity_from_digests
+
+        got: dict[Any, str] = {key: digests[name] for key, name in self.whole.items()}
+        if self.rest:
+            got.update(hash_segments(self.rest, IDENTITY_ALGO, threads))
+        return identity_from_digests(self.plan, got, IDENTITY_ALGO).root or None
 
 
 def write_plan(
@@ -159,18 +199,32 @@ def write_plan(
     threads: int | None = None,
     progress: Any = None,
     identity: bool = True,
+    sha256: bool = False,
 ) -> WriteResult:
-    """Stream the plan's slices into OUT (atomic); with `verify`, prove the reassembly first."""
+    """Stream the plan's slices into OUT (atomic); with `verify`, prove the reassembly first.
+
+    The source identity root is computed in the same pass as the copy (`identity`); per-file
+    digests are blake3, plus sha256 with `sha256` (it costs about three times blake3).
+    """
     if max_shard_size < 1:
         raise ValueError("max shard size must be positive")
-    root_digest = source_identity_root(ckpt, threads) if identity else None
+    algos = ("sha256", *FILE_ALGOS) if sha256 else FILE_ALGOS
+    src_id = _SourceIdentity(ckpt) if identity else None
     with atomic_dir(out, force=force) as tmp:
         if plan.layout == "per-rank":
             streams = per_rank_streams(plan, max_shard_size)
         else:
             streams = [rank_sliced_stream(plan, max_shard_size)]
         maps = write_streams(
-            ckpt, plan.source_order, streams, tmp, threads=threads, progress=progress
+            ckpt,
+            plan.source_order,
+            streams,
+            tmp,
+            threads=threads,
+            progress=progress,
+            algos=algos,
+            source_algo=IDENTITY_ALGO,
+            source_tensors=src_id.tensors if src_id is not None else None,
         )
         changed = maps.changed()
         if changed:
@@ -178,6 +232,7 @@ def write_plan(
             for label in changed:
                 f.add(tp_rules.TP_SOURCE_CHANGED, "changed during the slicing pass", file=label)
             raise SliceFailed(f, "the source changed while slicing")
+        root_digest = src_id.root(maps.digests, threads) if src_id is not None else None
         parts = {p.path: p for stream in streams for p in stream}
         rels = list(parts)
         file_of: dict[tuple[int, str], str] = {}
@@ -199,7 +254,7 @@ def write_plan(
             (tmp / INDEX_NAME).write_bytes(configs.index_json(streams[0]))
             rels.append(INDEX_NAME)
             rels += configs.write_rank_sliced_configs(ckpt, Kind(plan.kind), plan.tp, tmp)
-        files = _file_records(tmp, rels, parts)
+        files = _file_records(tmp, rels, parts, algos)
         manifest = build_manifest(plan, ckpt, source, files, file_of, max_shard_size, root_digest)
         (tmp / MANIFEST_NAME).write_bytes(dump_json(manifest))
         if verify:

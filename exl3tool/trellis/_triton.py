@@ -17,7 +17,7 @@ try:  # pragma: no cover - depends on the environment
     import triton.language as tl
 
     HAVE_TRITON = True
-except Exception:  # noqa: BLE001 - any import failure means "no Triton"
+except Exception:
     HAVE_TRITON = False
 
 _CB_ID = {"3inst": 0, "mcg": 1, "mul1": 2}
@@ -68,10 +68,7 @@ if HAVE_TRITON:
         pr = 8 * ((rr & 7) >> 1) + (rr & 1) + 2 * (rr >> 3)
         pc = 32 * (cc & 7) + 4 * (cc >> 3)
         p = pr[:, None] + pc[None, :]
-        if HALF:
-            e = ((p + 1) * (2 * KB + 1)) >> 1
-        else:
-            e = (p + 1) * KB
+        e = (p + 1) * (2 * KB + 1) >> 1 if HALF else (p + 1) * KB
         st = e + (R - 16)
         st = tl.where(st >= R, st - R, st)
         w = st >> 4
@@ -133,11 +130,11 @@ def _launch(trellis, out, cb_id, rate, cfg):
 
 
 def _pick_config(trellis, out, cb_id, rate) -> tuple[int, int, int]:
-    key = (out.shape[0] >= 4096, out.shape[1], rate.words, cb_id, str(out.device))
+    key = (out.shape[0] >= 4096, out.shape[1], rate.words, cb_id, out.device)
     cfg = _best.get(key)
     if cfg is not None:
         return cfg
-    if out.device.type != "cuda" or out.numel() < (1 << 20):
+    if out.device.type != "cuda" or out.numel() < (1 << 24):
         cfg = CONFIGS[0]
     else:
         times = []
@@ -155,7 +152,9 @@ def _pick_config(trellis, out, cb_id, rate) -> tuple[int, int, int]:
     return cfg
 
 
-def decode_rotated(trellis: torch.Tensor, codebook: str, rate, out: torch.Tensor, config=None) -> None:
+def decode_rotated(
+    trellis: torch.Tensor, codebook: str, rate, out: torch.Tensor, config=None
+) -> None:
     """Decode trellis [tk, tn, Wd] into out fp16 [16·tk, 16·tn] on the trellis's device."""
     trellis = trellis.contiguous()
     cb_id = _CB_ID[codebook]

@@ -123,9 +123,17 @@ def decode_rotated(
     """
     rate = _check_trellis(trellis)
     name = check_rate_codebook(rate, codebook)
-    sub = slice_trellis(trellis, rows, cols)
+    if rows is None and cols is None:
+        if trellis.dim() != 3:
+            raise TrellisError(
+                f"trellis must be 3-D [k/16, n/16, 16K], got shape {tuple(trellis.shape)}"
+            )
+        sub = trellis
+    else:
+        sub = slice_trellis(trellis, rows, cols)
     dev = torch.device(device) if device is not None else trellis.device
-    sub = sub.to(dev, non_blocking=True)
+    if sub.device != dev:
+        sub = sub.to(dev, non_blocking=True)
     k, n = sub.shape[0] * TILE, sub.shape[1] * TILE
     if out is None:
         out = torch.empty((k, n), dtype=torch.float16, device=dev)

@@ -9,8 +9,9 @@ from exl3tool.trellis.decode import _as_range, check_rate_codebook, decode_rotat
 from exl3tool.trellis.errors import TrellisError
 from exl3tool.trellis.hadamard import HAD, _pick, fused_transform, had_left, had_right
 
-# fp16 output rows decoded and transformed per block: bounds the transient to ~1x a block
-_BLOCK_ELEMS = 1 << 22
+# Weights decoded and transformed per block: the fp32 transients stay a few tens of MB, so a
+# layer needs about 2x its fp16 output in all (exl3-format.md §5.3 steps run per 128-row block)
+_BLOCK_ELEMS = 1 << 21
 
 
 def _check_scale(x: torch.Tensor, size: int, what: str) -> None:
@@ -51,7 +52,9 @@ def effective_weight(
     rate = _check_trellis(trellis)
     check_rate_codebook(rate, codebook)
     if trellis.dim() != 3:
-        raise TrellisError(f"trellis must be 3-D [k/16, n/16, 16K], got shape {tuple(trellis.shape)}")
+        raise TrellisError(
+            f"trellis must be 3-D [k/16, n/16, 16K], got shape {tuple(trellis.shape)}"
+        )
     k, n = trellis.shape[0] * TILE, trellis.shape[1] * TILE
     if k % HAD or n % HAD:
         raise TrellisError(f"matrix [{k}, {n}] must have both dimensions multiples of 128")

@@ -21,6 +21,9 @@ def msrt(tmp_path_factory) -> dict[str, Path]:
             root / "sharded", base, experts=sparse, layout="rank-sharded", world_size=2
         ),
         "layer_sparse": build_adapter(
-            root / "layer_sparse", base, chain=(("a", 1), ("b", 2)), experts=[[0, 1, 2, 3], {4: [0]}]
+            root / "layer_sparse",
+            base,
+            chain=(("a", 1), ("b", 2)),
+            experts=[[0, 1, 2, 3], {4: [0]}],
         ),
     }

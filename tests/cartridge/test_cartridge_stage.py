@@ -22,7 +22,9 @@ SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "exl3tool-staging-1.s
 
 
 def tree(d: Path) -> dict[str, bytes]:
-    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()
+    }
 
 
 def siblings(out: Path) -> list[str]:
@@ -105,7 +107,9 @@ def test_bad_rule(msrt, src, tmp_path):
     import numpy as np
 
     name = spec.stage_key(3, 0, "gate_proj", 0, "scale", "k3")
-    rewrite_shard(src / "model-layer-003-b000.safetensors", lambda t: {**t, name: np.array(1e-40, np.float32)})
+    rewrite_shard(
+        src / "model-layer-003-b000.safetensors", lambda t: {**t, name: np.array(1e-40, np.float32)}
+    )
     refresh_shards(src)
     _failing(msrt, src, tmp_path, "CA058")
 
@@ -118,9 +122,10 @@ def test_wrong_base(msrt, src, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_source_changed_mid_copy(msrt, src, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["r+b", "ab"])
+def test_source_changed_mid_copy(msrt, src, tmp_path, monkeypatch, mode):
     def hook(path: str, done: int) -> None:
-        with open(src / path, "ab") as fh:  # grows (and re-stamps) the source while it is copied
+        with open(src / path, mode) as fh:  # rewrites or grows the source while it is copied
             fh.write(b"\0")
 
     monkeypatch.setattr(stage, "copy_hook", hook)

@@ -53,16 +53,19 @@ def test_stage_compaction_and_earlier_stage_fallback(msrt):
     assert tables[4].max_residual_bits == 2
 
 
-def test_fallback_to_earlier_stage_when_stage_has_no_expert(msrt):
+def test_incomplete_stage_expert_is_refused(msrt):
     cart = load(msrt["full"])
     t = materialize_tables(cart, num_experts=4)[3]
-    # pretend stage k4 has no tensor at all for gate_proj: rows fall back to stage k3's pointers
+    # stage k4 without its gate_proj tensors: "Incomplete MSRT cartridge expert stages"
     from exl3tool.cartridge import tables as tb
 
-    slots = {k: v for k, v in tb._keys_for_rank(cart, 0, 1)[3].items() if not (k[0] == "k4" and k[1] == "gate_proj")}
-    with TensorReader() as rd:
-        with pytest.raises(TablesError, match="Incomplete"):
-            tb.materialize_layer(cart, 3, slots, 4, rd)
+    slots = {
+        k: v
+        for k, v in tb._keys_for_rank(cart, 0, 1)[3].items()
+        if not (k[0] == "k4" and k[1] == "gate_proj")
+    }
+    with TensorReader() as rd, pytest.raises(TablesError, match="Incomplete"):
+        tb.materialize_layer(cart, 3, slots, 4, rd)
     assert t.pointer_name["gate_proj"][0][0].endswith("trellis_k3")
 
 
@@ -74,7 +77,9 @@ def test_sharded_tables_per_rank(msrt):
         for L in (3, 4):
             for p in PROJECTIONS:
                 assert np.array_equal(t[L].inverse_scale[p], full[L].inverse_scale[p])
-                assert all(n is None or f".rank{r}." in n for row in t[L].tensor_name[p] for n in row)
+                assert all(
+                    n is None or f".rank{r}." in n for row in t[L].tensor_name[p] for n in row
+                )
     with pytest.raises(TablesError, match="does not match runtime TP"):
         materialize_tables(cart, rank=0, world_size=4)
     with pytest.raises(TablesError, match="rank=2, size=2"):

@@ -22,7 +22,12 @@ def test_shard_and_verify(msrt, tmp_path, world):
     out = tmp_path / "s"
     m = shard_cartridge(msrt["full"], world, out)
     src = json.loads((msrt["full"] / spec.ADAPTER_CONFIG).read_text())
-    assert m["tensor_parallel"] == {**src["tensor_parallel"], "layout": "rank-sharded", "world_size": world, "ranks": list(range(world))}
+    assert m["tensor_parallel"] == {
+        **src["tensor_parallel"],
+        "layout": "rank-sharded",
+        "world_size": world,
+        "ranks": list(range(world)),
+    }
     assert m["num_tensors"] == src["num_tensors"] * world
     for f in ("coverage", "chain", "base", "selected_layers", "selected_experts", "created_utc"):
         assert m[f] == src[f]
@@ -82,7 +87,10 @@ def test_verify_detects_missing_rank_tensor(msrt, tmp_path):
     out = tmp_path / "s"
     shard_cartridge(msrt["full"], 2, out)
     name = "model.layers.3.mlp.experts.0.up_proj.rank1.scale_k3"
-    rewrite_shard(out / "model-layer-003-b000-rank1.safetensors", lambda t: {k: v for k, v in t.items() if k != name})
+    rewrite_shard(
+        out / "model-layer-003-b000-rank1.safetensors",
+        lambda t: {k: v for k, v in t.items() if k != name},
+    )
     assert "CA040" in verify_sharded(msrt["full"], out).codes()
 
 

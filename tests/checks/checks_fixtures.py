@@ -69,7 +69,10 @@ def edit_shard(
         metadata(meta)
     with open(path, "wb") as fh:
         write_arrays(
-            fh, {n: a for n, (_, a) in tensors.items()}, meta or None, {n: d for n, (d, _) in tensors.items()}
+            fh,
+            {n: a for n, (_, a) in tensors.items()},
+            meta or None,
+            {n: d for n, (d, _) in tensors.items()},
         )
     index = root / "model.safetensors.index.json"
     if index.is_file():

@@ -79,7 +79,10 @@ def bk(c: str, proj: str = "gate_proj", e: int = 0) -> str:
 
 
 def rename_rank1(t: dict) -> dict:
-    return {(k.replace(".rank0.", ".rank1.") if k.startswith(bk("").rstrip(".")) else k): v for k, v in t.items()}
+    return {
+        (k.replace(".rank0.", ".rank1.") if k.startswith(bk("").rstrip(".")) else k): v
+        for k, v in t.items()
+    }
 
 
 CASES = [
@@ -91,9 +94,19 @@ CASES = [
     ("coverage", "MB003", tail("moe_layer_coverage", [3])),
     ("experts", "MB004", tail("experts_per_layer", 5)),
     ("rank1", "MB005", shard(rename_rank1)),
-    ("no-rank", "MB005", shard(lambda t: {k.replace(".rank0.", ".") if k == bk("svh") else k: v for k, v in t.items()})),
+    (
+        "no-rank",
+        "MB005",
+        shard(
+            lambda t: {k.replace(".rank0.", ".") if k == bk("svh") else k: v for k, v in t.items()}
+        ),
+    ),
     ("missing-suh", "MB006", shard(lambda t: {k: v for k, v in t.items() if k != bk("suh")})),
-    ("missing-proj", "MB006", shard(lambda t: {k: v for k, v in t.items() if ".experts.1.down_proj." not in k})),
+    (
+        "missing-proj",
+        "MB006",
+        shard(lambda t: {k: v for k, v in t.items() if ".experts.1.down_proj." not in k}),
+    ),
     ("suh-dtype", "MB007", shard(lambda t: {**t, bk("suh"): t[bk("suh")].astype(np.float32)})),
     ("mcg-shape", "MB007", shard(lambda t: {**t, bk("mcg"): np.zeros(1, np.int32)})),
     ("mcg-value", "MB008", shard(lambda t: {**t, bk("mcg"): np.array(0, np.int32)})),
@@ -104,7 +117,14 @@ CASES = [
     ("map-keys", "MB012", retail_map(lambda m: m.pop("4"))),
     ("quant", "MB013", cfg(lambda c: c["quantization_config"].__setitem__("bits", 3))),
     ("quant-missing", "MB013", cfg(lambda c: c.pop("quantization_config"))),
-    ("tier", "MB014", lambda d: ((d / "tier_bitmap.json").write_text('{"3": {"k": [3, 2, 2, 2]}}'), write_manifest_sha256(d))),
+    (
+        "tier",
+        "MB014",
+        lambda d: (
+            (d / "tier_bitmap.json").write_text('{"3": {"k": [3, 2, 2, 2]}}'),
+            write_manifest_sha256(d),
+        ),
+    ),
     ("unlisted", "MB015", lambda d: (d / "notes.txt").write_text("x")),
     ("listed-absent", "MB015", lambda d: (d / "tier_bitmap.json").unlink()),
     ("manifest-hash", "MB016", cfg(lambda c: c.__setitem__("vocab_size", 129), reseal=False)),

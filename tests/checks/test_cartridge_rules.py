@@ -35,7 +35,9 @@ def art(tmp_path_factory) -> dict[str, Path]:
     return {
         "base": base,
         "full": build_adapter(root / "full", base, experts=sparse),
-        "sharded": build_adapter(root / "sharded", base, experts=sparse, layout="rank-sharded", world_size=2),
+        "sharded": build_adapter(
+            root / "sharded", base, experts=sparse, layout="rank-sharded", world_size=2
+        ),
         "unclosed": build_adapter(root / "unclosed", base, experts=[[0, 1], [0, 1, 2]]),
         "base3": build_base(root / "base3", layers=(3,), hidden=128, intermediate=256),
     }
@@ -131,15 +133,45 @@ def scale_of(v: float) -> np.ndarray:
 
 # (id, expected code, artifact, mutation of the copied adapter dir, validate options)
 CASES: list[tuple[str, str, str, Callable[[Path], object], dict]] = [
-    ("size", "CA004", "full", lambda d: shards(d, lambda s: s[0].__setitem__("size", s[0]["size"] + 1)), {}),
-    ("sha256", "CA005", "full", lambda d: shards(d, lambda s: s[0].__setitem__("sha256", "0" * 64)), {"hash": True}),
+    (
+        "size",
+        "CA004",
+        "full",
+        lambda d: shards(d, lambda s: s[0].__setitem__("size", s[0]["size"] + 1)),
+        {},
+    ),
+    (
+        "sha256",
+        "CA005",
+        "full",
+        lambda d: shards(d, lambda s: s[0].__setitem__("sha256", "0" * 64)),
+        {"hash": True},
+    ),
     ("missing-shard", "PA001", "full", lambda d: (d / L4).unlink(), {}),
     ("symlink-shard", "PA002", "full", symlink_shard, {}),
     ("fifo-shard", "PA003", "full", mkfifo_shard, {}),
-    ("escape", "PA004", "full", lambda d: shards(d, lambda s: s[0].__setitem__("path", "../x.safetensors")), {}),
-    ("absolute", "PA004", "full", lambda d: shards(d, lambda s: s[0].__setitem__("path", "/etc/passwd")), {}),
+    (
+        "escape",
+        "PA004",
+        "full",
+        lambda d: shards(d, lambda s: s[0].__setitem__("path", "../x.safetensors")),
+        {},
+    ),
+    (
+        "absolute",
+        "PA004",
+        "full",
+        lambda d: shards(d, lambda s: s[0].__setitem__("path", "/etc/passwd")),
+        {},
+    ),
     ("dup-path", "PA005", "full", lambda d: shards(d, lambda s: s.append(dict(s[0]))), {}),
-    ("dup-path-dot", "PA005", "full", lambda d: shards(d, lambda s: s.append({**s[0], "path": "./" + L3})), {}),
+    (
+        "dup-path-dot",
+        "PA005",
+        "full",
+        lambda d: shards(d, lambda s: s.append({**s[0], "path": "./" + L3})),
+        {},
+    ),
     ("schema-v2", "CA010", "full", m_set("schema", "fq-cartridge-adapter/2"), {}),
     ("extra-field", "CA011", "full", m_set("verified_signer", None), {}),
     ("missing-field", "CA011", "full", m_del("tool_version"), {}),
@@ -167,7 +199,13 @@ CASES: list[tuple[str, str, str, Callable[[Path], object], dict]] = [
     ("num-tensors-zero", "CA016", "full", m_set("num_tensors", 0), {}),
     ("campaign", "CA016", "full", m_del("campaign/block_size"), {}),
     ("source-assembly", "CA016", "full", m_set("source_assembly/path", "/abs"), {}),
-    ("coverage-layer-key", "CA016", "full", lambda d: manifest(d, lambda m: m["coverage"]["k3"].__setitem__("03", [0])), {}),
+    (
+        "coverage-layer-key",
+        "CA016",
+        "full",
+        lambda d: manifest(d, lambda m: m["coverage"]["k3"].__setitem__("03", [0])),
+        {},
+    ),
     ("base-k", "CA017", "full", m_set("base/k", 7), {}),
     ("base-layers", "CA017", "full", m_del("base/compatibility_by_layer/4"), {}),
     ("base-closed", "CA017", "full", m_set("base/manifest_sha256", "0" * 64), {}),
@@ -179,44 +217,217 @@ CASES: list[tuple[str, str, str, Callable[[Path], object], dict]] = [
     ("coverage-keys", "CA019", "full", m_set("coverage/k5", {"3": [0]}), {}),
     ("tp-full-ws", "CA020", "full", m_set("tensor_parallel/world_size", 2), {}),
     ("tp-ranks", "CA020", "sharded", m_set("tensor_parallel/ranks", [1, 0]), {}),
-    ("tp-axis", "CA020", "full", m_set("tensor_parallel/axis_by_projection/down_proj", "output"), {}),
+    (
+        "tp-axis",
+        "CA020",
+        "full",
+        m_set("tensor_parallel/axis_by_projection/down_proj", "output"),
+        {},
+    ),
     ("dup-key", "CA030", "full", duplicate_key, {}),
-    ("malformed", "CA031", "full", lambda d: tensors(d, L3, rename(key(), key().replace("rank0", "rankx"))), {}),
-    ("malformed-comp", "CA031", "full", lambda d: tensors(d, L3, rename(key(), key(comp="weight"))), {}),
-    ("suh-leftover", "CA032", "full", lambda d: tensors(d, L3, setv(key(comp="suh"), np.zeros(128, np.float16))), {}),
-    ("mul1-leftover", "CA032", "full", lambda d: tensors(d, L3, setv(key(comp="mul1"), np.array(0, np.int32))), {}),
+    (
+        "malformed",
+        "CA031",
+        "full",
+        lambda d: tensors(d, L3, rename(key(), key().replace("rank0", "rankx"))),
+        {},
+    ),
+    (
+        "malformed-comp",
+        "CA031",
+        "full",
+        lambda d: tensors(d, L3, rename(key(), key(comp="weight"))),
+        {},
+    ),
+    (
+        "suh-leftover",
+        "CA032",
+        "full",
+        lambda d: tensors(d, L3, setv(key(comp="suh"), np.zeros(128, np.float16))),
+        {},
+    ),
+    (
+        "mul1-leftover",
+        "CA032",
+        "full",
+        lambda d: tensors(d, L3, setv(key(comp="mul1"), np.array(0, np.int32))),
+        {},
+    ),
     ("no-scale", "CA033", "full", lambda d: tensors(d, L3, drop(key(comp="scale"))), {}),
     ("orphan-scale", "CA034", "full", lambda d: tensors(d, L3, drop(key())), {}),
-    ("wrapped-layer", "CA035", "full", lambda d: tensors(d, L3, rename(key(), "language_model." + key())), {}),
+    (
+        "wrapped-layer",
+        "CA035",
+        "full",
+        lambda d: tensors(d, L3, rename(key(), "language_model." + key())),
+        {},
+    ),
     ("coverage", "CA036", "full", m_set("coverage/k3/3", [0, 1, 2]), {}),
     ("selected", "CA037", "full", m_set("selected_experts", [0, 1, 2, 3, 5]), {}),
     ("closure", "CA038", "unclosed", lambda d: None, {}),
     ("all-sparse", "CA039", "full", m_set("chain/1/experts", "all"), {}),
     ("chain-experts", "CA039", "full", m_set("chain/1/experts", [0, 1]), {}),
-    ("topology", "CA040", "sharded", lambda d: tensors(d, R1, drop(key(rank=1), key(rank=1, comp="scale"))), {}),
-    ("scales-differ", "CA041", "sharded", lambda d: tensors(d, R1, setv(key(rank=1, comp="scale"), scale_of(2.0))), {}),
-    ("num-tensors", "CA042", "full", lambda d: manifest(d, lambda m: m.__setitem__("num_tensors", m["num_tensors"] + 1)), {}),
-    ("rank-in-full", "CA050", "full", lambda d: tensors(d, L3, lambda t: {k.replace("experts.0.", "experts.0.").replace(".rank0.", ".rank1.") if ".experts.0." in k else k: v for k, v in t.items()}), {}),
-    ("ranks-sharded", "CA050", "sharded", lambda d: manifest(d, lambda m: m["tensor_parallel"].update(world_size=3, ranks=[0, 1, 2])), {}),
-    ("unknown-stage", "CA051", "full", lambda d: tensors(d, L3, lambda t: {k.replace("_k4", "_k9"): v for k, v in t.items()}), {}),
-    ("expert-range", "CA052", "full", lambda d: tensors(d, L3, lambda t: {k.replace("experts.3.", "experts.7."): v for k, v in t.items()}), {"base": "base"}),
-    ("trellis-dtype", "CA053", "full", lambda d: tensors(d, L3, setv(key(), np.zeros((8, 16, 16), np.int32))), {}),
-    ("trellis-rank", "CA053", "full", lambda d: tensors(d, L3, setv(key(), np.zeros((8, 256), np.int16))), {}),
-    ("trellis-k7", "CA053", "full", lambda d: tensors(d, L3, setv(key(), np.zeros((8, 16, 112), np.int16))), {}),
-    ("geometry-base", "CA054", "full", lambda d: tensors(d, L3, setv(key(), np.zeros((16, 8, 16), np.int16))), {"base": "base"}),
-    ("geometry-align", "CA054", "full", lambda d: tensors(d, L3, setv(key(), np.zeros((4, 16, 16), np.int16))), {}),
+    (
+        "topology",
+        "CA040",
+        "sharded",
+        lambda d: tensors(d, R1, drop(key(rank=1), key(rank=1, comp="scale"))),
+        {},
+    ),
+    (
+        "scales-differ",
+        "CA041",
+        "sharded",
+        lambda d: tensors(d, R1, setv(key(rank=1, comp="scale"), scale_of(2.0))),
+        {},
+    ),
+    (
+        "num-tensors",
+        "CA042",
+        "full",
+        lambda d: manifest(d, lambda m: m.__setitem__("num_tensors", m["num_tensors"] + 1)),
+        {},
+    ),
+    (
+        "rank-in-full",
+        "CA050",
+        "full",
+        lambda d: tensors(
+            d,
+            L3,
+            lambda t: {
+                k.replace("experts.0.", "experts.0.").replace(".rank0.", ".rank1.")
+                if ".experts.0." in k
+                else k: v
+                for k, v in t.items()
+            },
+        ),
+        {},
+    ),
+    (
+        "ranks-sharded",
+        "CA050",
+        "sharded",
+        lambda d: manifest(d, lambda m: m["tensor_parallel"].update(world_size=3, ranks=[0, 1, 2])),
+        {},
+    ),
+    (
+        "unknown-stage",
+        "CA051",
+        "full",
+        lambda d: tensors(d, L3, lambda t: {k.replace("_k4", "_k9"): v for k, v in t.items()}),
+        {},
+    ),
+    (
+        "expert-range",
+        "CA052",
+        "full",
+        lambda d: tensors(
+            d, L3, lambda t: {k.replace("experts.3.", "experts.7."): v for k, v in t.items()}
+        ),
+        {"base": "base"},
+    ),
+    (
+        "trellis-dtype",
+        "CA053",
+        "full",
+        lambda d: tensors(d, L3, setv(key(), np.zeros((8, 16, 16), np.int32))),
+        {},
+    ),
+    (
+        "trellis-rank",
+        "CA053",
+        "full",
+        lambda d: tensors(d, L3, setv(key(), np.zeros((8, 256), np.int16))),
+        {},
+    ),
+    (
+        "trellis-k7",
+        "CA053",
+        "full",
+        lambda d: tensors(d, L3, setv(key(), np.zeros((8, 16, 112), np.int16))),
+        {},
+    ),
+    (
+        "geometry-base",
+        "CA054",
+        "full",
+        lambda d: tensors(d, L3, setv(key(), np.zeros((16, 8, 16), np.int16))),
+        {"base": "base"},
+    ),
+    (
+        "geometry-align",
+        "CA054",
+        "full",
+        lambda d: tensors(d, L3, setv(key(), np.zeros((4, 16, 16), np.int16))),
+        {},
+    ),
     ("stage-k", "CA055", "full", m_set("chain/0/k", 2), {}),
-    ("scale-dtype", "CA056", "full", lambda d: tensors(d, L3, setv(key(comp="scale"), np.array(1.0, np.float16))), {}),
-    ("scale-shape", "CA056", "full", lambda d: tensors(d, L3, setv(key(comp="scale"), np.ones(1, np.float32))), {}),
-    ("scale-zero", "CA057", "full", lambda d: tensors(d, L3, setv(key(comp="scale"), scale_of(0.0))), {}),
-    ("scale-nan", "CA057", "full", lambda d: tensors(d, L3, setv(key(comp="scale"), scale_of(np.nan))), {}),
-    ("scale-negative", "CA057", "full", lambda d: tensors(d, L3, setv(key(comp="scale"), scale_of(-1.0))), {}),
-    ("scale-1e-40", "CA058", "full", lambda d: tensors(d, L3, setv(key(comp="scale"), scale_of(1e-40))), {}),
-    ("incomplete", "CA059", "full", lambda d: tensors(d, L3, drop(key(proj="down_proj"), key(proj="down_proj", comp="scale"))), {}),
-    ("k-uniform", "CA060", "full", lambda d: tensors(d, L3, setv(key(), np.zeros((8, 16, 32), np.int16))), {}),
+    (
+        "scale-dtype",
+        "CA056",
+        "full",
+        lambda d: tensors(d, L3, setv(key(comp="scale"), np.array(1.0, np.float16))),
+        {},
+    ),
+    (
+        "scale-shape",
+        "CA056",
+        "full",
+        lambda d: tensors(d, L3, setv(key(comp="scale"), np.ones(1, np.float32))),
+        {},
+    ),
+    (
+        "scale-zero",
+        "CA057",
+        "full",
+        lambda d: tensors(d, L3, setv(key(comp="scale"), scale_of(0.0))),
+        {},
+    ),
+    (
+        "scale-nan",
+        "CA057",
+        "full",
+        lambda d: tensors(d, L3, setv(key(comp="scale"), scale_of(np.nan))),
+        {},
+    ),
+    (
+        "scale-negative",
+        "CA057",
+        "full",
+        lambda d: tensors(d, L3, setv(key(comp="scale"), scale_of(-1.0))),
+        {},
+    ),
+    (
+        "scale-1e-40",
+        "CA058",
+        "full",
+        lambda d: tensors(d, L3, setv(key(comp="scale"), scale_of(1e-40))),
+        {},
+    ),
+    (
+        "incomplete",
+        "CA059",
+        "full",
+        lambda d: tensors(d, L3, drop(key(proj="down_proj"), key(proj="down_proj", comp="scale"))),
+        {},
+    ),
+    (
+        "k-uniform",
+        "CA060",
+        "full",
+        lambda d: tensors(d, L3, setv(key(), np.zeros((8, 16, 32), np.int16))),
+        {},
+    ),
     ("base-not-msrt", "CA070", "full", lambda d: None, {"base": "full"}),
     ("base-root", "CA071", "full", m_set("base/compatibility_sha256", "1" * 64), {"base": "base"}),
-    ("base-layer", "CA072", "full", m_set("base/compatibility_by_layer/3", "1" * 64), {"base": "base"}),
+    (
+        "base-layer",
+        "CA072",
+        "full",
+        m_set("base/compatibility_by_layer/3", "1" * 64),
+        {"base": "base"},
+    ),
     ("base-k-match", "CA073", "full", m_set("base/k", 3), {"base": "base"}),
     ("base-layer-missing", "CA074", "full", lambda d: None, {"base": "base3"}),
     ("tp-size", "CA075", "sharded", lambda d: None, {"tp": 4}),
@@ -224,7 +435,9 @@ CASES: list[tuple[str, str, str, Callable[[Path], object], dict]] = [
 ]
 
 
-@pytest.mark.parametrize(("code", "which", "mutate", "opts"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("code", "which", "mutate", "opts"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_rule_triggers(art, tmp_path, code, which, mutate, opts):
     d = tmp_path / "adapter"
     shutil.copytree(art[which], d, symlinks=True)
@@ -236,8 +449,7 @@ def test_rule_triggers(art, tmp_path, code, which, mutate, opts):
 
 @pytest.mark.parametrize("which", ["full", "sharded"])
 def test_valid_artifacts_pass(art, which):
-    tp = 2 if which == "sharded" else 2
-    f = run(art[which], base=art["base"], hash=True, tp=tp)
+    f = run(art[which], base=art["base"], hash=True, tp=2)
     assert not list(f), [(x.code, x.message) for x in f]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,9 @@ def drop(name: str) -> Callable[[Path], None]:
     return tensor_edit(name, lambda t: t.pop(name))
 
 
-def put(name: str, dtype: str, array: np.ndarray, where: str | None = None) -> Callable[[Path], None]:
+def put(
+    name: str, dtype: str, array: np.ndarray, where: str | None = None
+) -> Callable[[Path], None]:
     def go(root: Path) -> None:
         edit_shard(root, where or shard_of(root, name), lambda t: t.update({name: (dtype, array)}))
 
@@ -60,7 +62,9 @@ def f16(n: int, value: float = 0.01) -> np.ndarray:
 
 
 def storage(fn: Callable[[dict], object]) -> Callable[[Path], None]:
-    return lambda root: edit_json(root / "quantization_config.json", lambda q: fn(q["tensor_storage"]))
+    return lambda root: edit_json(
+        root / "quantization_config.json", lambda q: fn(q["tensor_storage"])
+    )
 
 
 def manifest(fn: Callable[[dict], object], name: str = M1) -> Callable[[Path], None]:
@@ -102,7 +106,7 @@ class Case:
     code: str
     artifact: str
     mutate: Callable[[Path], None]
-    options: ValidateOptions = ValidateOptions()
+    options: ValidateOptions = field(default_factory=ValidateOptions)
     id: str = ""
 
 
@@ -116,17 +120,31 @@ CASES = [
     Case("R7002", "r7", lambda r: edit_block(r, lambda b: b.update(schema="r7-v3"))),
     Case("R7003", "r7", lambda r: edit_block(r, lambda b: b.update(codebook="mul1"))),
     Case("R7003", "r7", lambda r: edit_block(r, lambda b: b.update(bits=3.5)), id="bits"),
-    Case("R7004", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[True, 2])), id="bool"),
-    Case("R7004", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[1.0, 2])), id="float"),
-    Case("R7004", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[2, 1])), id="reversed"),
+    Case(
+        "R7004", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[True, 2])), id="bool"
+    ),
+    Case(
+        "R7004", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[1.0, 2])), id="float"
+    ),
+    Case(
+        "R7004", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[2, 1])), id="reversed"
+    ),
     Case("R7004", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[1])), id="one"),
     Case("R7004", "r7", lambda r: edit_block(r, lambda b: b.pop("moe_layers")), id="absent"),
     Case("R7005", "r7", lambda r: edit_block(r, lambda b: b.update(k_values=[])), id="empty"),
-    Case("R7005", "r7", lambda r: edit_block(r, lambda b: b.update(k_values=[3.0, 4, 5])), id="float"),
+    Case(
+        "R7005", "r7", lambda r: edit_block(r, lambda b: b.update(k_values=[3.0, 4, 5])), id="float"
+    ),
     Case("R7005", "r7", lambda r: edit_block(r, lambda b: b.update(k_values=[True, 4])), id="bool"),
     Case("R7005", "r7", lambda r: edit_block(r, lambda b: b.update(k_values=[3, 4, 6])), id="six"),
     Case("R7006", "r7", lambda r: edit_block(r, lambda b: b.update(target_bpw=3.5))),
-    Case("R7010", "r7", lambda r: edit_json(r / "quantization_config.json", lambda q: q["r7_routed_experts"].update(target_bpw="9"))),
+    Case(
+        "R7010",
+        "r7",
+        lambda r: edit_json(
+            r / "quantization_config.json", lambda q: q["r7_routed_experts"].update(target_bpw="9")
+        ),
+    ),
     Case("R7011", "r7", config(lambda c: c.pop("quantization_config"))),
     Case("CK013", "r7", unlink("quantization_config.json")),
     Case("R7020", "r7", config(lambda c: c.pop("n_routed_experts"))),
@@ -146,10 +164,38 @@ CASES = [
     Case("R7027", "r7", put(f"{E0}.gate_proj.svh", "F16", f16(64))),
     Case("R7028", "r7", drop("model.layers.1.mlp.experts.r7_shared.gate_up_suh")),
     Case("R7029", "r7", put(f"{E0}.gate_proj.suh", "F16", f16(128), L1)),
-    Case("R7031", "r7", put("model.layers.1.mlp.experts.7.gate_proj.mcg", "I32", np.array(-877912083, dtype="<i4"), L1)),
-    Case("R7031", "r7", put("model.layers.0.mlp.experts.0.gate_proj.mcg", "I32", np.array(-877912083, dtype="<i4"), L1), id="layer"),
-    Case("R7032", "r7", lambda r: edit_shard(r, L1, lambda t: None, lambda m: m.update(r7_layer="9"))),
-    Case("R7033", "r7", lambda r: (move_tensor(r, f"{E0}.up_proj.trellis", L1, "model-carrier-00001-of-00001.safetensors"), manifest(lambda m: m["payload_sha256"].pop(f"{E0}.up_proj.trellis"))(r))),
+    Case(
+        "R7031",
+        "r7",
+        put(
+            "model.layers.1.mlp.experts.7.gate_proj.mcg",
+            "I32",
+            np.array(-877912083, dtype="<i4"),
+            L1,
+        ),
+    ),
+    Case(
+        "R7031",
+        "r7",
+        put(
+            "model.layers.0.mlp.experts.0.gate_proj.mcg",
+            "I32",
+            np.array(-877912083, dtype="<i4"),
+            L1,
+        ),
+        id="layer",
+    ),
+    Case(
+        "R7032", "r7", lambda r: edit_shard(r, L1, lambda t: None, lambda m: m.update(r7_layer="9"))
+    ),
+    Case(
+        "R7033",
+        "r7",
+        lambda r: (
+            move_tensor(r, f"{E0}.up_proj.trellis", L1, "model-carrier-00001-of-00001.safetensors"),
+            manifest(lambda m: m["payload_sha256"].pop(f"{E0}.up_proj.trellis"))(r),
+        ),
+    ),
     Case("R7034", "r7", lambda r: edit_block(r, lambda b: b.update(moe_layers=[1, 9]))),
     # --- manifests -------------------------------------------------------------------------
     Case("R7040", "r7", unlink(M1)),
@@ -157,21 +203,67 @@ CASES = [
     Case("R7042", "r7", manifest(lambda m: m.update(allocation_bit_units="x"))),
     Case("R7042", "r7", manifest(lambda m: m.pop("bit_map")), id="required"),
     Case("R7043", "r7", manifest(lambda m: m["bit_map"].update({f"{E0}.gate_proj": 8}))),
-    Case("R7043", "r7", manifest(lambda m: m["bit_map"].update({"model.layers.1.mlp.experts.9.up_proj": 3})), id="extra"),
-    Case("R7044", "r7", manifest(lambda m: m.update(allocation_bit_units=m["allocation_bit_units"] + 1))),
-    Case("R7045", "r7", manifest(lambda m: m["payload_sha256"].update({f"{E0}.up_proj.trellis": "a" * 64})), HASH),
+    Case(
+        "R7043",
+        "r7",
+        manifest(lambda m: m["bit_map"].update({"model.layers.1.mlp.experts.9.up_proj": 3})),
+        id="extra",
+    ),
+    Case(
+        "R7044",
+        "r7",
+        manifest(lambda m: m.update(allocation_bit_units=m["allocation_bit_units"] + 1)),
+    ),
+    Case(
+        "R7045",
+        "r7",
+        manifest(lambda m: m["payload_sha256"].update({f"{E0}.up_proj.trellis": "a" * 64})),
+        HASH,
+    ),
     Case("R7046", "r7", manifest(lambda m: m.update(shard_sha256="b" * 64)), HASH),
     Case("R7047", "r7", manifest(lambda m: m.update(layer=9))),
-    Case("R7047", "r7", manifest(lambda m: m["payload_sha256"].update({"model.nope": "c" * 64})), id="stray"),
+    Case(
+        "R7047",
+        "r7",
+        manifest(lambda m: m["payload_sha256"].update({"model.nope": "c" * 64})),
+        id="stray",
+    ),
     Case("R7048", "r7", manifest(lambda m: m.pop("provenance"))),
     Case("R7050", "r7", unlink("MANIFEST.json")),
-    Case("R7051", "r7", ckpt_manifest(lambda m: m["files_sha256"].update({"config.json": "d" * 64})), HASH),
-    Case("R7051", "r7", lambda r: (r / "config.json").write_text((r / "config.json").read_text() + " "), HASH, id="file-changed"),
+    Case(
+        "R7051",
+        "r7",
+        ckpt_manifest(lambda m: m["files_sha256"].update({"config.json": "d" * 64})),
+        HASH,
+    ),
+    Case(
+        "R7051",
+        "r7",
+        lambda r: (r / "config.json").write_text((r / "config.json").read_text() + " "),
+        HASH,
+        id="file-changed",
+    ),
     Case("R7052", "r7", lambda r: (r / "MANIFEST.sha256").write_text("garbage\n")),
-    Case("R7052", "r7", lambda r: (r / "MANIFEST.sha256").write_text("e" * 64 + "  MANIFEST.json\n"), HASH, id="wrong"),
+    Case(
+        "R7052",
+        "r7",
+        lambda r: (r / "MANIFEST.sha256").write_text("e" * 64 + "  MANIFEST.json\n"),
+        HASH,
+        id="wrong",
+    ),
     Case("R7053", "r7", ckpt_manifest(lambda m: m["files_sha256"].update({"nope.bin": "f" * 64}))),
-    Case("R7053", "r7", ckpt_manifest(lambda m: m["files_sha256"].update({"../x": "f" * 64})), id="escape"),
-    Case("R7054", "r7", ckpt_manifest(lambda m: m["r7_layer_manifest_sha256"].update({"1": "0" * 64})), HASH),
+    Case(
+        "R7053",
+        "r7",
+        ckpt_manifest(lambda m: m["files_sha256"].update({"../x": "f" * 64})),
+        id="escape",
+    ),
+    Case(
+        "R7054",
+        "r7",
+        ckpt_manifest(lambda m: m["r7_layer_manifest_sha256"].update({"1": "0" * 64})),
+        HASH,
+    ),
     # --- carried MTP layer, TP ------------------------------------------------------------
     Case("R7060", "r7", tail(lambda t: t.pop("r7_compat_role"))),
     Case("R7060", "r7", tail(lambda t: t.update(moe_layers=[2, 3])), id="overlap"),
@@ -183,14 +275,30 @@ CASES = [
     Case("RS004", "r7", lambda r: None, ValidateOptions(tp=2)),
     Case("RS005", "r7", drop(f"{R0}.up_proj.rank0.svh")),
     Case("RS006", "r7", put(f"{R0}.down_proj.rank0.suh", "F16", f16(64))),
-    Case("RS006", "r7", put(f"{R0}.down_proj.rank0.trellis", "I16", trellis(8, 4, 64)), id="trellis"),
-    Case("RS007", "r7", put("model.layers.3.mlp.experts.0.gate_proj.rank1.mcg", "I32", np.array(-877912083, dtype="<i4"), MTP)),
+    Case(
+        "RS006", "r7", put(f"{R0}.down_proj.rank0.trellis", "I16", trellis(8, 4, 64)), id="trellis"
+    ),
+    Case(
+        "RS007",
+        "r7",
+        put(
+            "model.layers.3.mlp.experts.0.gate_proj.rank1.mcg",
+            "I32",
+            np.array(-877912083, dtype="<i4"),
+            MTP,
+        ),
+    ),
     Case("RS008", "r7", tail(lambda t: t.update(bits=5.0))),
     Case("RS010", "r7", tail(lambda t: t.update(rotation_layout="twisted"))),
     Case("RS010", "r7", tail(lambda t: t.update(rotation_layout="shared_h_v1")), id="shared-h"),
     Case("RS011", "r7", tail(lambda t: t.update(bits="mixed"))),
     Case("RS009", "rank-sliced", config(lambda c: c.update(moe_intermediate_size=128))),
-    Case("RS005", "rank-sliced", drop("model.layers.1.mlp.experts.2.down_proj.rank1.trellis"), id="legacy"),
+    Case(
+        "RS005",
+        "rank-sliced",
+        drop("model.layers.1.mlp.experts.2.down_proj.rank1.trellis"),
+        id="legacy",
+    ),
     # --- plain EXL3 ----------------------------------------------------------------------------
     Case("EX001", "exl3", put(f"{Q}.trellis", "I32", np.zeros((16, 16, 32), dtype="<i4"))),
     Case("EX002", "exl3", put(f"{Q}.trellis", "I16", trellis(16, 16, 20))),
@@ -200,17 +308,58 @@ CASES = [
     Case("EX006", "exl3", drop(f"{Q}.trellis")),
     Case("EX007", "exl3", put(f"{Q}.suh", "F16", f16(128))),
     Case("EX008", "exl3", put(f"{Q}.svh", "F16", f16(128))),
-    Case("EX009", "exl3", lambda r: (put(f"{Q}.trellis", "I16", trellis(4, 16, 32))(r), put(f"{Q}.suh", "F16", f16(64))(r))),
+    Case(
+        "EX009",
+        "exl3",
+        lambda r: (
+            put(f"{Q}.trellis", "I16", trellis(4, 16, 32))(r),
+            put(f"{Q}.suh", "F16", f16(64))(r),
+        ),
+    ),
     Case("EX010", "exl3", put(f"{Q}.mcg", "F32", np.array(1.0, dtype="<f4")), id="plain"),
     Case("EX011", "exl3", set_marker(f"{K}.mul1", -877912083), id="plain"),
     Case("EX012", "exl3", set_marker(f"{Q}.mul1", -2082680531)),
     Case("EX013", "exl3", nonfinite(f"{Q}.svh"), id="plain"),
-    Case("EX014", "exl3", lambda r: (drop(f"{Q}.suh")(r), put(f"{Q}.su", "I16", np.zeros(16, dtype="<i2"))(r), storage(lambda s: s[Q]["stored_tensors"].update({f"{Q}.su": s[Q]["stored_tensors"].pop(f"{Q}.suh") | {"shape": [16], "n_bytes": 32, "dtype": "torch.int16"}}))(r))),
+    Case(
+        "EX014",
+        "exl3",
+        lambda r: (
+            drop(f"{Q}.suh")(r),
+            put(f"{Q}.su", "I16", np.zeros(16, dtype="<i2"))(r),
+            storage(
+                lambda s: s[Q]["stored_tensors"].update(
+                    {
+                        f"{Q}.su": s[Q]["stored_tensors"].pop(f"{Q}.suh")
+                        | {"shape": [16], "n_bytes": 32, "dtype": "torch.int16"}
+                    }
+                )
+            )(r),
+        ),
+    ),
     Case("EX015", "exl3", put(f"{Q}.bias", "F16", f16(100))),
     Case("EX016", "exl3", put(f"{Q}.scale", "F16", f16(1))),
-    Case("EX017", "exl3", lambda r: [edit_shard(r, lb, lambda t: [t.pop(n) for n in list(t) if not n.endswith("weight")]) for lb in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")]),
-    Case("EX020", "exl3", lambda r: edit_json(r / "quantization_config.json", lambda q: q.pop("tensor_storage"))),
-    Case("EX021", "exl3", storage(lambda s: s[Q]["stored_tensors"].update({f"{Q}.bias": {"shape": [256], "n_bytes": 512, "dtype": "torch.float16"}}))),
+    Case(
+        "EX017",
+        "exl3",
+        lambda r: [
+            edit_shard(r, lb, lambda t: [t.pop(n) for n in list(t) if not n.endswith("weight")])
+            for lb in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+        ],
+    ),
+    Case(
+        "EX020",
+        "exl3",
+        lambda r: edit_json(r / "quantization_config.json", lambda q: q.pop("tensor_storage")),
+    ),
+    Case(
+        "EX021",
+        "exl3",
+        storage(
+            lambda s: s[Q]["stored_tensors"].update(
+                {f"{Q}.bias": {"shape": [256], "n_bytes": 512, "dtype": "torch.float16"}}
+            )
+        ),
+    ),
     Case("EX022", "exl3", storage(lambda s: s.pop(Q))),
     Case("EX023", "exl3", storage(lambda s: s[Q]["stored_tensors"][f"{Q}.svh"].update(shape=[3]))),
     Case("EX024", "exl3", storage(lambda s: s[Q].update(bits_per_weight=7))),
@@ -232,7 +381,9 @@ def run(root: Path, options: ValidateOptions = ValidateOptions()) -> Report:
 
 @pytest.mark.parametrize("kind", ["r7", "exl3", "rank-sliced"])
 @pytest.mark.parametrize("hash_", [False, True])
-def test_valid_artifact_has_no_errors_or_warnings(pristine: dict[str, Path], kind: str, hash_: bool) -> None:
+def test_valid_artifact_has_no_errors_or_warnings(
+    pristine: dict[str, Path], kind: str, hash_: bool
+) -> None:
     report = run(pristine[kind], ValidateOptions(hash=hash_))
     assert report.artifacts[0].kind == kind
     bad = [f for f in report.findings if f.level is not Severity.INFO]

@@ -21,7 +21,9 @@ def r7(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(r7: Path, tmp_path: Path) -> None:
-    res = runner.invoke(app, ["slice", str(r7), "--tp", "2", "--dry-run", "-o", str(tmp_path / "o")])
+    res = runner.invoke(
+        app, ["slice", str(r7), "--tp", "2", "--dry-run", "-o", str(tmp_path / "o")]
+    )
     assert res.exit_code == 0, res.output
     assert "rank 1:" in res.output and not (tmp_path / "o").exists()
     res = runner.invoke(app, ["slice", str(r7), "--tp", "2", "--dry-run", "--format", "json"])
@@ -31,7 +33,10 @@ def test_dry_run_prints_the_plan_and_writes_nothing(r7: Path, tmp_path: Path) ->
 
 def test_write_verify_and_verify_only(r7: Path, tmp_path: Path) -> None:
     out = tmp_path / "o"
-    res = runner.invoke(app, ["slice", str(r7), "--tp", "2", "-o", str(out), "--verify", "--max-shard-size", "64KiB"])
+    res = runner.invoke(
+        app,
+        ["slice", str(r7), "--tp", "2", "-o", str(out), "--verify", "--max-shard-size", "64KiB"],
+    )
     assert res.exit_code == 0, res.output
     assert "verified" in res.output
     res = runner.invoke(app, ["slice", "--verify-only", str(out)])
@@ -57,6 +62,18 @@ def test_refused_split_exit_1_nothing_written(r7: Path, tmp_path: Path) -> None:
 
 def test_usage_errors(r7: Path) -> None:
     assert runner.invoke(app, ["slice", str(r7), "--tp", "2"]).exit_code == 2
-    assert runner.invoke(app, ["slice", str(r7), "--tp", "2", "--mode", "x", "--dry-run"]).exit_code == 2
-    assert runner.invoke(app, ["slice", str(r7), "--tp", "2", "--max-shard-size", "lots", "--dry-run"]).exit_code == 2
-    assert parse_size("5GiB") == 5 << 30 and parse_size("500MB") == 500_000_000 and parse_size("7") == 7
+    assert (
+        runner.invoke(app, ["slice", str(r7), "--tp", "2", "--mode", "x", "--dry-run"]).exit_code
+        == 2
+    )
+    assert (
+        runner.invoke(
+            app, ["slice", str(r7), "--tp", "2", "--max-shard-size", "lots", "--dry-run"]
+        ).exit_code
+        == 2
+    )
+    assert (
+        parse_size("5GiB") == 5 << 30
+        and parse_size("500MB") == 500_000_000
+        and parse_size("7") == 7
+    )

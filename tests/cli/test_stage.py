@@ -30,14 +30,41 @@ def art(tmp_path_factory) -> dict[str, Path]:
 def test_stage_tp2_then_validate(art, tmp_path):
     out = tmp_path / "staged"
     r = CliRunner().invoke(
-        app, ["stage-cartridge", str(art["full"]), "--base", str(art["base"]), "--tp", "2", "-o", str(out), "--format", "json"]
+        app,
+        [
+            "stage-cartridge",
+            str(art["full"]),
+            "--base",
+            str(art["base"]),
+            "--tp",
+            "2",
+            "-o",
+            str(out),
+            "--format",
+            "json",
+        ],
     )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["staging"]["layout"] == "rank-sharded" and doc["staging"]["tp_size"] == 2
-    r = CliRunner().invoke(app, ["validate", str(out), "--base", str(art["base"]), "--tp", "2", "--hash", "--format", "json"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "validate",
+            str(out),
+            "--base",
+            str(art["base"]),
+            "--tp",
+            "2",
+            "--hash",
+            "--format",
+            "json",
+        ],
+    )
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(app, ["stage-cartridge", str(art["full"]), "--base", str(art["base"]), "-o", str(out)])
+    r = CliRunner().invoke(
+        app, ["stage-cartridge", str(art["full"]), "--base", str(art["base"]), "-o", str(out)]
+    )
     assert r.exit_code == 1 and "--force" in r.output
 
 
@@ -47,14 +74,38 @@ def test_refused_adapter_reports_findings(art, tmp_path):
     m = json.loads((src / "adapter_config.json").read_text())
     m["codebook"] = "3inst"
     (src / "adapter_config.json").write_text(json.dumps(m))
-    r = CliRunner().invoke(app, ["stage-cartridge", str(src), "--base", str(art["base"]), "-o", str(tmp_path / "o"), "-f", "json"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "stage-cartridge",
+            str(src),
+            "--base",
+            str(art["base"]),
+            "-o",
+            str(tmp_path / "o"),
+            "-f",
+            "json",
+        ],
+    )
     assert r.exit_code == 1
     assert "CA012" in {f["code"] for f in json.loads(r.stdout)["findings"]}
     assert not (tmp_path / "o").exists()
 
 
 def test_usage_errors(art, tmp_path):
-    r = CliRunner().invoke(app, ["stage-cartridge", str(art["full"]), "--base", str(art["base"]), "-o", str(tmp_path / "o"), "--tp", "0"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "stage-cartridge",
+            str(art["full"]),
+            "--base",
+            str(art["base"]),
+            "-o",
+            str(tmp_path / "o"),
+            "--tp",
+            "0",
+        ],
+    )
     assert r.exit_code == 2
 
 
@@ -63,7 +114,17 @@ def test_killed_mid_copy_leaves_no_out(art, tmp_path):
     next run removes it."""
     out = tmp_path / "out"
     env = {**os.environ, "EXL3TOOL_TEST_STAGE_SLEEP": "30", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "exl3tool", "stage-cartridge", str(art["full"]), "--base", str(art["base"]), "-o", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "exl3tool",
+        "stage-cartridge",
+        str(art["full"]),
+        "--base",
+        str(art["base"]),
+        "-o",
+        str(out),
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20
@@ -81,6 +142,8 @@ def test_killed_mid_copy_leaves_no_out(art, tmp_path):
             proc.kill()
     assert not out.exists()
     assert all(p.name.startswith(".out.") for p in tmp_path.iterdir())
-    r = CliRunner().invoke(app, ["stage-cartridge", str(art["full"]), "--base", str(art["base"]), "-o", str(out)])
+    r = CliRunner().invoke(
+        app, ["stage-cartridge", str(art["full"]), "--base", str(art["base"]), "-o", str(out)]
+    )
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

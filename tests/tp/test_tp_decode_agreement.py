@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import tp_fixtures as fx
 
 from exl3tool.formats.exl3 import codebook_of, group_linears
 from exl3tool.io.views import TensorReader
@@ -15,7 +16,6 @@ from exl3tool.tp.linear import slice_linear
 from exl3tool.tp.plan import plan_slices
 from exl3tool.tp.ranges import intermediate_ranges
 from exl3tool.trellis.weight import effective_weight
-import tp_fixtures as fx
 
 SAMPLE = {
     "model.layers.1.mlp.experts.0.gate_proj": "column",
@@ -30,7 +30,9 @@ def _w(arrays: dict[str, np.ndarray], codebook: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_rank_weights_are_slices_of_the_full_weight(sources: dict[str, Path], tmp_path: Path, tp: int) -> None:
+def test_rank_weights_are_slices_of_the_full_weight(
+    sources: dict[str, Path], tmp_path: Path, tp: int
+) -> None:
     src = fx.build_exl3(tmp_path / "x", hidden=128, kv_dim=128, intermediate=512, moe_intermediate=512,
                         n_experts=3, k_values=(2,), codebook="mcg")  # fmt: skip
     ckpt = fx.load(src)

@@ -44,7 +44,9 @@ def test_r7_tensor_mode_cuts(sources: dict[str, Path]) -> None:
         assert _cuts(plan, name) == [(0, None, 0, 0, True), (1, None, 0, 0, True)]
     # each rank lists every source tensor once (per-rank layout, tensor mode)
     assert all(len(r.slices) == len(ckpt.tensors) for r in plan.ranks)
-    assert plan.source_order == sorted(plan.source_order, key=lambda n: (ckpt.tensors[n].file, ckpt.tensors[n].info.begin))
+    assert plan.source_order == sorted(
+        plan.source_order, key=lambda n: (ckpt.tensors[n].file, ckpt.tensors[n].info.begin)
+    )
 
 
 def test_expert_mode_whole_experts_contiguous(sources: dict[str, Path]) -> None:
@@ -122,7 +124,10 @@ def test_rank_sliced_names(sources: dict[str, Path]) -> None:
 @given(st.sampled_from(["column", "row"]), st.integers(1, 4), st.data())
 def test_slice_linear_views_concatenate_to_the_linear(role: str, tiles128: int, data) -> None:
     tp = data.draw(st.sampled_from([d for d in (1, 2, 4) if tiles128 * 2 % d == 0]))
-    k, n = 256 if role == "column" else 128 * tiles128 * 2, 128 * tiles128 * 2 if role == "column" else 256
+    k, n = (
+        256 if role == "column" else 128 * tiles128 * 2,
+        128 * tiles128 * 2 if role == "column" else 256,
+    )
     rng = np.random.default_rng(tiles128)
     arrays = {
         "trellis": rng.integers(-(2**15), 2**15, (k // 16, n // 16, 32), dtype=np.int16),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,7 +21,7 @@ from exl3tool.tp.ranges import (
 def _tiles(ranges: list[tuple[int, int]], size: int) -> None:
     """Contiguous, disjoint, non-empty, covering [0, size) exactly."""
     assert ranges[0][0] == 0 and ranges[-1][1] == size
-    for (a, b), (c, _) in zip(ranges, ranges[1:], strict=False):
+    for (_, b), (c, _) in itertools.pairwise(ranges):
         assert b == c
     assert all(a < b for a, b in ranges)
 

@@ -14,7 +14,9 @@ from exl3tool.tp.run import SliceOptions, slice_artifact
 
 @pytest.mark.parametrize("src", ["r7", "base"])
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
-def test_rank_sliced_output_passes_validate(sources: dict[str, Path], tmp_path: Path, src: str, tp: int) -> None:
+def test_rank_sliced_output_passes_validate(
+    sources: dict[str, Path], tmp_path: Path, src: str, tp: int
+) -> None:
     out = tmp_path / "rs"
     slice_artifact(sources[src], out, SliceOptions(tp, layout="rank-sliced"))
     ref, findings = validate_path(out, ValidateOptions(tp=tp))

@@ -24,7 +24,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("src", "tp", "mode", "layout"), CASES)
-def test_round_trip(sources: dict[str, Path], tmp_path: Path, src: str, tp: int, mode: str, layout: str) -> None:
+def test_round_trip(
+    sources: dict[str, Path], tmp_path: Path, src: str, tp: int, mode: str, layout: str
+) -> None:
     out = tmp_path / "out"
     opts = SliceOptions(tp, mode, layout, max_shard_size=100_000)
     outcome = slice_artifact(sources[src], out, opts)

@@ -32,7 +32,7 @@ def compute(case: dict, device: str = "cpu") -> dict[str, str]:
             case["scale"],
         )
         return {"y": inp.sha(_np(y))}
-    K, cb = case["K"], case["codebook"]  # noqa: N806
+    K, cb = case["K"], case["codebook"]
     if kind == "pack":
         st = torch.from_numpy(inp.states_np(case["seed"], (4, 6))).to(device)
         return {"packed": inp.sha(_np(tc.pack(st, K)))}

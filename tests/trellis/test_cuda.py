@@ -19,15 +19,21 @@ COMBOS = [(K, cb) for K in (1, 2, 3, 4, 5, 6, 7, 8) for cb in tc.CODEBOOKS] + [
 ]
 
 
-def _rand_trellis(k, n, K, seed, device="cuda"):  # noqa: N803
+def _rand_trellis(k, n, K, seed, device="cuda"):
     g = torch.Generator(device="cpu").manual_seed(seed)
-    t = torch.randint(-32768, 32768, (k // 16, n // 16, int(16 * K)), dtype=torch.int16, generator=g)
+    t = torch.randint(
+        -32768, 32768, (k // 16, n // 16, int(16 * K)), dtype=torch.int16, generator=g
+    )
     return t.to(device)
 
 
 def _rand_scales(size, seed):
     g = torch.Generator(device="cpu").manual_seed(seed)
-    return (torch.rand(size, generator=g) * 2 + 0.25).mul(torch.randint(0, 2, (size,), generator=g) * 2 - 1).half()
+    return (
+        (torch.rand(size, generator=g) * 2 + 0.25)
+        .mul(torch.randint(0, 2, (size,), generator=g) * 2 - 1)
+        .half()
+    )
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -35,7 +41,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize(("K", "cb"), COMBOS)
-def test_cuda_rotated_matches_cpu(K, cb):  # noqa: N803
+def test_cuda_rotated_matches_cpu(K, cb):
     t = _rand_trellis(256, 640, K, seed=int(K * 10))
     cpu = tc.decode_rotated(t.cpu(), cb)
     assert _same(tc.decode_rotated(t, cb), cpu)
@@ -47,7 +53,7 @@ def test_cuda_rotated_matches_cpu(K, cb):  # noqa: N803
 
 
 @pytest.mark.parametrize(("K", "cb"), [(4, "mul1"), (2.5, "mul1"), (3, "mcg"), (6, "3inst")])
-def test_cuda_effective_matches_cpu(K, cb):  # noqa: N803
+def test_cuda_effective_matches_cpu(K, cb):
     t = _rand_trellis(512, 768, K, seed=7)
     suh, svh = _rand_scales(512, 1), _rand_scales(768, 2)
     for method in ("auto", "fma", "fused"):
@@ -68,13 +74,15 @@ def _ext():
 
 @pytest.mark.exllamav3
 @pytest.mark.parametrize(("K", "cb"), COMBOS)
-def test_cuda_matches_exllamav3(K, cb):  # noqa: N803
+def test_cuda_matches_exllamav3(K, cb):
     ext = _ext()
     from exllamav3.modules.quant.exl3 import LinearEXL3
 
     mcg, mul1 = cb == "mcg", cb == "mul1"
     for k, n, seed in ((256, 512, 1), (1024, 2304, 2)):
-        t = torch.randint(-32768, 32768, (k // 16, n // 16, int(16 * K)), dtype=torch.int16, device="cuda")
+        t = torch.randint(
+            -32768, 32768, (k // 16, n // 16, int(16 * K)), dtype=torch.int16, device="cuda"
+        )
         ref = torch.empty((k, n), dtype=torch.half, device="cuda")
         ext.reconstruct(ref, t, float(K), mcg, mul1)
         assert _same(tc.decode_rotated(t, cb), ref)

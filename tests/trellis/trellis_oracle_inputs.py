@@ -29,11 +29,11 @@ def splitmix64(seed: int, count: int) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def words(K: float) -> int:  # noqa: N803
+def words(K: float) -> int:
     return int(16 * K)
 
 
-def trellis_np(seed: int, k: int, n: int, K: float) -> np.ndarray:  # noqa: N803
+def trellis_np(seed: int, k: int, n: int, K: float) -> np.ndarray:
     """int16 [k/16, n/16, 16K] of random words."""
     shape = (k // 16, n // 16, words(K))
     raw = splitmix64(seed, int(np.prod(shape))) >> np.uint64(48)
@@ -70,7 +70,7 @@ def sha(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
 
 
-def combo_seed(K: float, cb: str, salt: int) -> int:  # noqa: N803
+def combo_seed(K: float, cb: str, salt: int) -> int:
     return (int(K * 2) * 131 + ("3inst", "mcg", "mul1").index(cb) * 7 + salt * 1000003) & (
         (1 << 63) - 1
     )

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# exl3tool demo: real reports on the bundled examples (make demo runs this after installing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if command -v exl3tool >/dev/null 2>&1; then
+  x() { exl3tool "$@"; }
+else
+  x() { python3 -m exl3tool "$@"; }
+fi
+
+echo "### exl3tool validate examples/r7-tiny"
+x validate examples/r7-tiny
+
+echo
+echo "### exl3tool validate --hash (recompute every payload, shard and file digest)"
+x validate --hash --quiet examples/r7-tiny && echo "digests verified"
+
+echo
+echo "### exl3tool inspect examples/r7-tiny"
+x inspect examples/r7-tiny
+
+echo
+echo "### a defect: k_values with a bool posing as an int, in both copies of quantization_config"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cp -r examples/r7-tiny "$work/r7-broken"
+python3 - "$work/r7-broken" <<'PY'
+import json, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+for name in ("config.json", "quantization_config.json"):
+    doc = json.loads((root / name).read_text())
+    (doc.get("quantization_config") or doc)["r7_routed_experts"]["k_values"] = [True, 4, 5]
+    (root / name).write_text(json.dumps(doc, indent=2))
+PY
+status=0
+x validate --quiet "$work/r7-broken" || status=$?
+echo "exit status $status (1 = errors found)"
+
+echo
+echo "### MSRT: validate the 2-stage cartridge against its base, for TP 2"
+x validate --hash --tp 2 --base examples/msrt-base-tiny examples/cartridge-k3k4
+
+echo
+echo "### exl3tool stage-cartridge --tp 2 (verified copy, full -> rank-sharded, runtime tables)"
+mkdir -p demo-out
+x stage-cartridge examples/cartridge-k3k4 --base examples/msrt-base-tiny --tp 2 -o demo-out/staged-tp2 --force
+
+echo
+echo "### the staged output validates too"
+x validate --hash --tp 2 --base examples/msrt-base-tiny demo-out/staged-tp2

@@ -1,0 +1,6 @@
+"""Make the oracle helper modules of this folder importable by name."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
