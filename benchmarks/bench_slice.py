@@ -1,11 +1,15 @@
 """Benchmark `exl3tool slice` on a ~4 GB R7-shaped checkpoint at TP 2 and 4 against `cp` of the same
 files, in the same run (warm page cache for both), and the slicer's peak RSS.
 
-    python benchmarks/bench_slice.py [--dir /var/tmp/bench-slice] [--gb 4] [--keep]
+    python benchmarks/bench_slice.py [--dir /var/tmp/bench-slice] [--gb 4] [--repeat 3] [--keep]
 
-Prints, per TP size: seconds, source GB/s, the ratio to cp's throughput (target >= 0.8), peak
-RSS of the slicing process (target < 500 MB). The slice run includes everything the manifest
-needs: per-file sha256 + blake3 and the source's blake3 identity root.
+Per TP size, `--repeat` rounds of: cp (timed), then the slice (timed); every output is removed
+and `sync`ed before the next command, so each starts with no dirty pages. Prints the medians:
+seconds, source GB/s, the ratio to cp's throughput (target >= 0.8; the median of the per-round
+ratios), the peak RSS of the slicing process (target < 500 MB). The slice run includes
+everything its manifest needs (per-file blake3 and the source's blake3 identity root) and its
+atomic publish fsyncs every output file; cp does not, so the durable reference `cp + sync FILES`
+(fsync of the copies, timed) is printed too.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -20,6 +25,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+# The source is built in a child process (`--build-only`): ru_maxrss survives fork+exec, so a
+# parent holding the builder's arrays would pass its peak RSS on to every process it starts.
 
 
 def build(root: Path, gb: float) -> Path:
@@ -44,37 +52,66 @@ def run(cmd: list[str]) -> tuple[float, int, float]:
     dt = time.perf_counter() - t
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}")
-    subprocess.run(["sync"], check=True)  # the next run starts with no dirty pages
     return dt, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
+
+
+def clean(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    subprocess.run(["sync"], check=True)  # the next command starts with no dirty pages
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp/bench-slice"))
     ap.add_argument("--gb", type=float, default=4.0)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tp", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--build-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    shutil.rmtree(args.dir, ignore_errors=True)
-    args.dir.mkdir(parents=True)
-    src = build(args.dir / "src", args.gb)
+    if args.build_only is not None:
+        build(args.build_only, args.gb)
+        return
+    src = args.dir / "src"
+    if not (src / "config.json").is_file():
+        shutil.rmtree(args.dir, ignore_errors=True)
+        args.dir.mkdir(parents=True)
+        subprocess.run(
+            [sys.executable, __file__, "--build-only", str(src), "--gb", str(args.gb)],
+            check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
     shards = sorted(src.glob("*.safetensors"))
     size = sum(p.stat().st_size for p in shards)
     print(f"source: {size / 1e9:.2f} GB in {len(shards)} shards ({os.cpu_count()} cores)")
     subprocess.run(["cat", *map(str, shards)], stdout=subprocess.DEVNULL, check=True)  # warm
-    for tp in (2, 4):
-        cp_dir = args.dir / f"cp{tp}"
-        cp_dir.mkdir()
-        t_cp, _, c_cp = run(["cp", *map(str, shards), str(cp_dir)])
-        shutil.rmtree(cp_dir)
-        out = args.dir / f"tp{tp}"
-        cmd = [sys.executable, "-m", "exl3tool", "slice", str(src), "--tp", str(tp), "-o", str(out)]
-        t_sl, rss, c_sl = run(cmd)
-        written = sum(p.stat().st_size for p in out.rglob("*.safetensors"))
-        shutil.rmtree(out)
+    for tp in args.tp:
+        cp_t, sync_t, sl_t, sl_cpu, cp_cpu, ratios, rss = [], [], [], [], [], [], 0
+        for _ in range(args.repeat):
+            cp_dir = args.dir / f"cp{tp}"
+            clean(cp_dir)
+            cp_dir.mkdir()
+            t_cp, _, c_cp = run(["cp", *map(str, shards), str(cp_dir)])
+            t_sync, _, _ = run(["sync", *map(str, sorted(cp_dir.iterdir()))])
+            clean(cp_dir)
+            out = args.dir / f"tp{tp}"
+            clean(out)
+            cmd = [sys.executable, "-m", "exl3tool", "slice", str(src), "--tp", str(tp)]
+            t_sl, r, c_sl = run([*cmd, "-o", str(out)])
+            clean(out)
+            cp_t.append(t_cp)
+            sync_t.append(t_cp + t_sync)
+            sl_t.append(t_sl)
+            sl_cpu.append(c_sl)
+            cp_cpu.append(c_cp)
+            ratios.append(t_cp / t_sl)
+            rss = max(rss, r)
+        med = statistics.median
         print(
-            f"TP {tp}: cp {t_cp:.2f} s ({size / t_cp / 1e9:.2f} GB/s, cpu {c_cp:.1f} s); "
-            f"slice {t_sl:.2f} s ({size / t_sl / 1e9:.2f} GB/s, cpu {c_sl:.1f} s, wrote "
-            f"{written / 1e9:.2f} GB); ratio {t_cp / t_sl:.2f}x cp; peak RSS {rss / 2**20:.0f} MiB"
+            f"TP {tp} (median of {args.repeat}): cp {med(cp_t):.2f} s ({size / med(cp_t) / 1e9:.2f}"
+            f" GB/s, cpu {med(cp_cpu):.1f} s); cp + sync {med(sync_t):.2f} s; slice "
+            f"{med(sl_t):.2f} s ({size / med(sl_t) / 1e9:.2f} GB/s, cpu {med(sl_cpu):.1f} s); "
+            f"ratio {med(ratios):.2f}x cp (rounds: {', '.join(f'{x:.2f}' for x in ratios)}), "
+            f"{med(sync_t) / med(sl_t):.2f}x cp + sync; peak RSS {rss / 2**20:.0f} MiB"
         )
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)

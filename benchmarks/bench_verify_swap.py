@@ -138,17 +138,18 @@ def glm_layer(args: argparse.Namespace) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _wall(cmd: list[str], cores: str | None) -> tuple[float, int, str]:
+def _wall(cmd: list[str], cores: str | None) -> tuple[float, int, str, str]:
+    """(wall seconds, exit code, stdout, the end of stderr) of one pinned command."""
     if cores and shutil.which("taskset"):
         cmd = ["taskset", "-c", cores, *cmd]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    return time.perf_counter() - t0, p.returncode, p.stdout[-2000:] + p.stderr[-2000:]
+    return time.perf_counter() - t0, p.returncode, p.stdout, p.stderr[-2000:]
 
 
 def example_cpu(cores: str) -> dict:
     py = sys.executable
-    ref, _, _ = _wall([py, "-c", "import torch"], cores)
+    ref = _wall([py, "-c", "import torch"], cores)[0]
     cmd = [
         py,
         "-m",
@@ -161,7 +162,7 @@ def example_cpu(cores: str) -> dict:
         "--format",
         "json",
     ]
-    wall, code, text = _wall(cmd, cores)
+    wall, code, text, err = _wall(cmd, cores)
     res = {
         "cores": cores,
         "verify_swap_s": round(wall, 2),
@@ -172,11 +173,11 @@ def example_cpu(cores: str) -> dict:
         "ratio_to_import_torch": round(wall / ref, 2),
     }
     try:
-        doc = json.loads(text[text.index("{") : text.rindex("}") + 1])
-        res["passed"] = doc["passed"]
+        doc = json.loads(text)
+        res["passed"] = doc["passed"] and code == 0
         res["timings"] = doc["timings"]
     except ValueError:
-        res["output"] = text
+        res["output"] = text[-2000:] + err
     return res
 
 

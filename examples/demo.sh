@@ -49,3 +49,7 @@ x stage-cartridge examples/cartridge-k3k4 --base examples/msrt-base-tiny --tp 2 
 echo
 echo "### the staged output validates too"
 x validate --hash --tp 2 --base examples/msrt-base-tiny demo-out/staged-tp2
+
+echo
+echo "### exl3tool verify-swap --tp 2: hot load == cold build, unload and rollback bit for bit (gloo, 2 ranks)"
+x verify-swap examples/msrt-base-tiny examples/cartridge-k3k4 --tp 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from exl3tool.findings import all_rules
+from exl3tool.findings import all_rules, family_of
 
 RULES_MD = Path(__file__).resolve().parents[1] / "docs" / "rules.md"
 COMMANDS_DIR = RULES_MD.parent / "commands"
@@ -26,12 +26,6 @@ FAMILIES = {
     "TP": "tensor-parallel slicing",
     "GT": "pre-publish gate (exl3tool check)",
 }
-
-
-def family_of(code: str) -> str:
-    """`R7001` -> `R7`: codes are a family prefix and three digits (`Rule.family` strips every
-    trailing digit, which merges R7 into `R`)."""
-    return code[:-3]
 
 
 def _cell(text: str) -> str:

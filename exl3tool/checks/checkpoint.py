@@ -3,10 +3,8 @@ finiteness reads over mmap views, and a lazy digest cache over the hashing engin
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
-import mmap
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -162,10 +160,8 @@ class RandomAccessReader(TensorReader):
     def _map(self, st: SafetensorsFile) -> Any:
         fresh = st.path not in self._maps
         m = super()._map(st)
-        mm = getattr(m, "_mm", None)  # views.MappedFile keeps its mmap private
-        if fresh and mm is not None and hasattr(mmap, "MADV_RANDOM"):
-            with contextlib.suppress(OSError, ValueError):
-                mm.madvise(mmap.MADV_RANDOM)
+        if fresh:
+            m.advise_random()
         return m
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from exl3tool.checks import checkpoint_rules as ck
@@ -100,6 +103,20 @@ def _anchor(path: Path, findings: Findings) -> Findings:
     return out
 
 
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: a GLM-5.2 checkpoint makes ~2 million small objects
+    (headers, index, manifests), none in reference cycles, and the collector's repeated full
+    passes over them cost ~40 % of `validate` (benchmarks/RESULTS.md, Validate)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def validate_path(path: Path, options: ValidateOptions) -> tuple[ArtifactRef, Findings]:
     """Detect the artifact kind of `path` and run its checks. Raises InputError (exit 3) when
     the path cannot be read at all; every defect of a readable artifact is a finding."""
@@ -109,7 +126,8 @@ def validate_path(path: Path, options: ValidateOptions) -> tuple[ArtifactRef, Fi
     kind = detect(path)
     findings = Findings()
     try:
-        extra = _dispatch(path, kind, findings, options)
+        with _no_cyclic_gc():
+            extra = _dispatch(path, kind, findings, options)
     except (PermissionError, IsADirectoryError) as exc:
         raise InputError(f"{exc.filename or path}: {exc.strerror or exc}") from exc
     extra["seconds"] = round(time.perf_counter() - start, 3)

@@ -6,16 +6,16 @@ from __future__ import annotations
 import typer
 
 from exl3tool import __version__
-from exl3tool.cli import rules_cmd
 from exl3tool.cli import check as check_cmd
 from exl3tool.cli import decode as decode_cmd
 from exl3tool.cli import diff as diff_cmd
 from exl3tool.cli import identity as identity_cmd
-from exl3tool.cli import validate as validate_cmd
 from exl3tool.cli import inspect as inspect_cmd
+from exl3tool.cli import rules_cmd
 from exl3tool.cli import slice as slice_cmd
-from exl3tool.cli import verify_swap as verify_swap_cmd
 from exl3tool.cli import stage as stage_cmd
+from exl3tool.cli import validate as validate_cmd
+from exl3tool.cli import verify_swap as verify_swap_cmd
 
 app = typer.Typer(
     name="exl3tool",

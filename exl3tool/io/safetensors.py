@@ -101,7 +101,7 @@ def read_header(path: Path, findings: Findings, label: str | None = None) -> Saf
     label = label or str(path)
     # O_NONBLOCK: a FIFO posing as a shard must not hang the reader.
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as fh:
+    with open(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
             findings.add(rules.PA_NOT_REGULAR, "not a regular file", file=label)

@@ -42,6 +42,12 @@ class MappedFile:
         with contextlib.suppress(OSError, ValueError):
             self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
+    def advise_random(self) -> None:
+        """Scattered small reads: stop the kernel's readahead around every fault."""
+        if self._mm is not None and hasattr(mmap, "MADV_RANDOM"):
+            with contextlib.suppress(OSError, ValueError):
+                self._mm.madvise(mmap.MADV_RANDOM)
+
     def advise_sequential(self) -> None:
         if self._mm is not None and hasattr(self._mm, "madvise"):
             self._mm.madvise(mmap.MADV_SEQUENTIAL)

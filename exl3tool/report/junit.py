@@ -11,18 +11,11 @@ import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from exl3tool.findings import Finding, Severity, all_rules
+from exl3tool.findings import Finding, Severity, all_rules, family_of
 from exl3tool.report.model import Report
 
 # Characters XML 1.0 cannot carry, even escaped (and lone surrogates, which cannot be encoded).
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-_FAMILY = re.compile(r"^(.*?)\d{3}$")
-
-
-def rule_family(code: str) -> str:
-    """The family of a rule code: the code without its three-digit number (R7030 -> R7)."""
-    m = _FAMILY.match(code)
-    return m.group(1) if m and m.group(1) else code.rstrip("0123456789") or code
 
 
 def xml_safe(text: str) -> str:
@@ -46,9 +39,9 @@ def to_junit(report: Report, *, strict: bool = False) -> str:
     """The report as JUnit XML (a `testsuites` root with one `testsuite`)."""
     by_family: dict[str, list[Finding]] = defaultdict(list)
     for r in all_rules():
-        by_family[rule_family(r.code)]
+        by_family[family_of(r.code)]
     for f in report.findings:
-        by_family[rule_family(f.code)].append(f)
+        by_family[family_of(f.code)].append(f)
     failing = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
 
     suite = ET.Element("testsuite", name="exl3tool")

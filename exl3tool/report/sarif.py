@@ -16,8 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from exl3tool import __version__
-from exl3tool.findings import Finding, Rule, Severity, all_rules
-from exl3tool.report.junit import rule_family
+from exl3tool.findings import Finding, Rule, Severity, all_rules, family_of
 from exl3tool.report.model import ArtifactRef, Report
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -89,7 +88,7 @@ def _descriptor(r: Rule) -> dict[str, Any]:
         "fullDescription": {"text": r.why},
         "help": {"text": r.hint},
         "defaultConfiguration": {"level": _LEVEL[r.severity]},
-        "properties": {"tags": [rule_family(r.code)]},
+        "properties": {"tags": [family_of(r.code)]},
     }
 
 

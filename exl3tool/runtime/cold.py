@@ -93,13 +93,12 @@ def build(
         while f"model.layers.{L}.mlp.experts.{e}.gate_proj.rank0.trellis" in bt:
             for p in PROJS:
                 pre = f"model.layers.{L}.mlp.experts.{e}.{p}.rank0."
-                suh, svh = bt[pre + "suh"], bt[pre + "svh"]
-                cl.base[(e, p)] = effective_weight(
-                    bt[pre + "trellis"], suh, svh, "mcg", device=device
-                )
+                suh, svh = bt[pre + "suh"].to(device), bt[pre + "svh"].to(device)
+                t = bt[pre + "trellis"].to(device)
+                cl.base[(e, p)] = effective_weight(t, suh, svh, "mcg")
                 cl.stages[(e, p)] = [
-                    (label, inv.to(device), effective_weight(t, suh, svh, "mcg", device=device))
-                    for label, inv, t in stages.get((L, e, p), [])
+                    (label, inv.to(device), effective_weight(ts.to(device), suh, svh, "mcg"))
+                    for label, inv, ts in stages.get((L, e, p), [])
                 ]
             e += 1
         out[L] = cl

@@ -42,8 +42,11 @@ def decode_weight(
     svh: torch.Tensor,
     device: torch.device | str,
 ) -> torch.Tensor:
-    """W_eff fp16 `[in, out]` of one linear (trellis, suh, svh already sliced to this rank)."""
-    return effective_weight(trellis, suh, svh, CODEBOOK, device=device).contiguous()
+    """W_eff fp16 `[in, out]` of one linear (trellis, suh, svh already sliced to this rank).
+
+    The inputs move to `device` in one copy each, before the decode's row blocks slice them."""
+    t, su, sv = (x.to(device) for x in (trellis, suh, svh))
+    return effective_weight(t, su, sv, CODEBOOK).contiguous()
 
 
 @dataclass

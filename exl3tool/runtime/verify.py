@@ -329,7 +329,7 @@ def _rank_checks(comm: Comm, opts: VerifyOptions) -> RankResult:
     layers = pick_layers(opts, moe_layers)
     work = Path(tempfile.mkdtemp(prefix=f"exl3tool-verify-r{rank}-", dir=opts.work_dir))
     try:
-        with timer("decode"):
+        with timer("decode.base"):
             base = load_base(opts.base, layers, rank, world, dev)
         engine = SwapEngine(base, comm, dev, work_root=work)
         if opts.engine_hook is not None:
@@ -361,7 +361,7 @@ def _rank_checks(comm: Comm, opts: VerifyOptions) -> RankResult:
             checks.append(Check("hot-load-equals-cold", False, f"load failed: {err}"))
             notes.append("the adapter could not be loaded; no other check was run")
             return _finish(rank, checks, [], timer, layers, notes, engine)
-        with timer("decode"):
+        with timer("decode.cold"):
             cold_a = cold.build(opts.base, opts.adapter, layers, dev)
         with timer("gemm"):
             want_a = cold_outputs(cold_a, inp, base.hidden, rank, world, reduce)
@@ -430,7 +430,7 @@ def _rank_checks(comm: Comm, opts: VerifyOptions) -> RankResult:
         if opts.adapter_b is not None:
 
             def cold_b_outputs() -> Outputs:
-                with timer("decode"):
+                with timer("decode.cold"):
                     cold_b = cold.build(opts.base, opts.adapter_b, layers, dev)
                 with timer("gemm"):
                     return cold_outputs(cold_b, inp, base.hidden, rank, world, reduce)
@@ -462,7 +462,8 @@ def _finish(
 ) -> RankResult:
     # engine.load ran under "checks"; its prepare step is stage decoding
     prep = engine.seconds.get("prepare", 0.0)
-    timer.total["decode"] = timer.total.get("decode", 0.0) + prep
+    timer.total["decode.prepare"] = prep
+    timer.total["decode"] = sum(v for k, v in timer.total.items() if k.startswith("decode."))
     timer.total["checks"] = max(0.0, timer.total.get("checks", 0.0) - prep)
     timer.total["staging"] = engine.seconds.get("stage", 0.0)
     return RankResult(rank, checks, qual, timer.total, layers, notes)

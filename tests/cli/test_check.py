@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -67,9 +68,16 @@ def test_text_quiet_prints_only_the_verdict(tmp_path: Path) -> None:
 
 @pytest.fixture
 def hf_cache(tmp_path: Path) -> Path:
+    """The Hub's real layout: snapshot files are relative symlinks into ../../blobs."""
     commit = "c" * 40
     repo = tmp_path / "hub" / "models--org--r7"
-    shutil.copytree(R7, repo / "snapshots" / commit)
+    snap, blobs = repo / "snapshots" / commit, repo / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for f in sorted(R7.iterdir()):
+        blob = blobs / hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copyfile(f, blob)
+        (snap / f.name).symlink_to(Path("..", "..", "blobs", blob.name))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     return tmp_path / "hub"

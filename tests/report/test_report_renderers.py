@@ -11,9 +11,10 @@ import jsonschema
 import pytest
 
 from exl3tool.findings import Findings, all_rules
+from exl3tool.findings import family_of as rule_family
 from exl3tool.io import rules
 from exl3tool.report import github, render
-from exl3tool.report.junit import rule_family, to_junit
+from exl3tool.report.junit import to_junit
 from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.report.sarif import FINGERPRINT_KEY, locate, to_sarif
 
