@@ -52,6 +52,21 @@ def _cuda_time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def _cuda_stream_time(fn, repeat: int) -> float:
+    """Per-call time of `repeat` back-to-back calls between two events: host launch work
+    overlaps with the GPU, as when a runtime decodes a layer's experts one after another."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(repeat):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / 1e3 / repeat
+
+
 def _fmt(label: str, k: int, n: int, sec: float, extra: str = "") -> str:
     return f"  {label:<34} {sec * 1e6:10.1f} us  {k * n / sec / 1e6:10.1f} M weights/s  {extra}"
 
@@ -124,6 +139,22 @@ def bench_cuda(cb: str, repeat: int) -> None:
                     n,
                     torch_path,
                     f"ratio {theirs / torch_path:.3f}x",
+                )
+            )
+            ours_s = _cuda_stream_time(
+                lambda t=t, out=out: tc.decode_rotated(t, cb, out=out), repeat
+            )
+            theirs_s = _cuda_stream_time(
+                lambda t=t, ref=ref: ext.reconstruct(ref, t, float(K), mcg, mul1), repeat
+            )
+            print(_fmt("exllamav3 reconstruct, back-to-back", k, n, theirs_s))
+            print(
+                _fmt(
+                    "exl3tool rotated, back-to-back",
+                    k,
+                    n,
+                    ours_s,
+                    f"{moved / ours_s / 1e9:.0f} GB/s  ratio {theirs_s / ours_s:.2f}x",
                 )
             )
             fref = torch.empty_like(out)
