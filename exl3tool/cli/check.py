@@ -41,8 +41,11 @@ def check(
         typer.Option("--quiet", "-q", help="Only errors and the verdict; no notes, no progress."),
     ] = False,
 ) -> None:
-    """Run a release's checks (validate --hash, identity, TP slicing, staging, verify-swap) in
-    one process and one report. Exit 0 clean, 1 findings, 2 usage error, 3 unreadable PATH."""
+    """Run a release's pre-publish checks in one process and one report.
+
+    validate --hash, identity match, TP slicing, staging and verify-swap, as exl3tool.toml
+    declares or as inferred from each artifact's kind. Exit 0 clean, 1 findings, 2 usage
+    error, 3 unreadable PATH."""
     from exl3tool.findings import Findings
     from exl3tool.gate import config as gate_config
     from exl3tool.gate.infer import infer

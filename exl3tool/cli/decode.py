@@ -92,7 +92,7 @@ def decode(
     device: Annotated[str, typer.Option("--device", help="cpu or cuda (bit-identical).")] = "cpu",
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output.")] = False,
 ) -> None:
-    """Decode one EXL3 linear to fp16 [out, in] (HF orientation), bit-exact with exllamav3."""
+    """Decode one EXL3 linear to fp16 in HF orientation (out, in), bit-exact with exllamav3."""
     from exl3tool.io.atomic import atomic_file
     from exl3tool.io.st_writer import write_arrays
 

@@ -200,8 +200,9 @@ def identity(
     ] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace existing output files.")] = False,
 ) -> None:
-    """Per-tensor, per-layer and root digests of an artifact's LOGICAL tensors (shards, file
-    names and TP rank slicing do not change them)."""
+    """Per-tensor, per-layer and root digests of an artifact's logical tensors.
+
+    Shard boundaries, file names and TP rank slicing do not change them."""
     if algo is not None:
         check_algo(algo)
     if layers:

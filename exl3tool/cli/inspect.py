@@ -24,8 +24,10 @@ def inspect(
         typer.Option("--plot", help="Write a layers x experts heatmap of K per projection (PNG)."),
     ] = None,
 ) -> None:
-    """Summarise an artifact: kind, layers, experts, K histogram per projection, routed-expert
-    bits per weight, tier per layer, sizes."""
+    """Summarise an artifact: layers, experts, K histograms, bits per weight, tiers.
+
+    Kind, layers, experts, K histogram per projection, routed-expert bits per weight, tier
+    per layer and sizes; --plot draws a layers x experts heatmap of K."""
     check_format(fmt, ("text", "json"))
     if plot is not None:
         try:

@@ -41,17 +41,17 @@ def _root(
     """exl3tool: checks and tools for EXL3 / R7 checkpoints and MSRT cartridges."""
 
 
-app.command("rules")(rules_cmd.rules)
-# Commands register below, one line each.
-app.command("check")(check_cmd.check)
-app.command("identity")(identity_cmd.identity)
-app.command("diff")(diff_cmd.diff)
+# In the order a publisher meets them.
 app.command("validate")(validate_cmd.validate)
 app.command("inspect")(inspect_cmd.inspect)
+app.command("identity")(identity_cmd.identity)
+app.command("diff")(diff_cmd.diff)
+app.command("stage-cartridge")(stage_cmd.stage_cartridge)
 app.command("slice")(slice_cmd.slice_cmd)
 app.command("verify-swap")(verify_swap_cmd.verify_swap)
-app.command("stage-cartridge")(stage_cmd.stage_cartridge)
 app.command("decode")(decode_cmd.decode)
+app.command("check")(check_cmd.check)
+app.command("rules")(rules_cmd.rules)
 
 
 def main() -> None:

@@ -35,9 +35,10 @@ def stage_cartridge(
         str, typer.Option("--format", "-f", help="Result format: text or json.")
     ] = "text",
 ) -> None:
-    """Copy, verify, validate against the base and publish OUT atomically. Exit 0: staged;
-    1: the adapter was refused or OUT cannot be written (nothing appears at OUT);
-    2: usage error; 3: an input cannot be read."""
+    """Copy, verify and validate a cartridge against its base; publish OUT atomically.
+
+    Exit 0: staged; 1: the adapter was refused or OUT cannot be written (nothing appears
+    at OUT); 2: usage error; 3: an input cannot be read."""
     check_format(fmt, ("text", "json"))
     if tp is not None and tp < 1:
         raise UsageError(f"--tp must be >= 1, got {tp}")

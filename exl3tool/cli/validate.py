@@ -42,8 +42,10 @@ def validate(
         bool, typer.Option("--quiet", "-q", help="Only errors; no summary table or progress bar.")
     ] = False,
 ) -> None:
-    """Validate artifacts. Exit 0: no errors; 1: errors (or warnings with --strict);
-    2: usage error; 3: a PATH cannot be read."""
+    """Validate EXL3/R7 checkpoints, MSRT bases and cartridges without a GPU.
+
+    Exit 0: no errors; 1: errors (or warnings with --strict); 2: usage error; 3: a PATH
+    cannot be read."""
     check_format(fmt)
     if tp is not None and tp < 1:
         raise UsageError(f"--tp must be >= 1, got {tp}")

@@ -87,8 +87,10 @@ def verify_swap(
     ] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="text or json.")] = "text",
 ) -> None:
-    """Prove that a hot load equals a cold build, that unloading and rollbacks restore the base
-    bit for bit, and that TP slices reassemble; exit 0 only if every check passes."""
+    """Prove hot swaps, unloads and rollbacks bit for bit on the reference runtime.
+
+    A hot load equals a cold build, unloading and rollbacks restore the base bit for bit, and
+    TP slices reassemble; exit 0 only if every check passes."""
     check_format(fmt, ("text", "json"))
     if device not in ("cpu", "cuda"):
         fail(f"--device must be cpu or cuda, not {device!r}", EXIT_USAGE)

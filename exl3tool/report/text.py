@@ -24,7 +24,11 @@ def _render(report: Report, console: Console, quiet: bool = False) -> None:
         for key in ("errors", "warnings", "infos"):
             table.add_column(key, justify="right")
         for a in report.artifacts:
-            mine = [f for f in report.findings if (f.location.file or "").startswith(a.path)]
+            mine = [
+                f
+                for f in report.findings
+                if len(report.artifacts) == 1 or (f.location.file or "").startswith(a.path)
+            ]
             counts = {sev: sum(1 for f in mine if f.level is sev) for sev in Severity}
             table.add_row(
                 escape(a.path),
