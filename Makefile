@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	@bash examples/demo.sh
+	@PYTHON=$(PYTHON) bash examples/demo.sh
 
 test: install
 	$(PYTHON) -m pytest

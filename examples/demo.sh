@@ -2,11 +2,9 @@
 # exl3tool demo: real reports on the bundled examples (make demo runs this after installing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if command -v exl3tool >/dev/null 2>&1; then
-  x() { exl3tool "$@"; }
-else
-  x() { python3 -m exl3tool "$@"; }
-fi
+# The interpreter `make` installed into (make PYTHON=...); `exl3tool` itself is `python -m exl3tool`.
+PY="${PYTHON:-python3}"
+x() { "$PY" -m exl3tool "$@"; }
 
 echo "### exl3tool validate examples/r7-tiny"
 x validate examples/r7-tiny
@@ -24,7 +22,7 @@ echo "### a defect: k_values with a bool posing as an int, in both copies of qua
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cp -r examples/r7-tiny "$work/r7-broken"
-python3 - "$work/r7-broken" <<'PY'
+"$PY" - "$work/r7-broken" <<'PY'
 import json, sys
 from pathlib import Path
 root = Path(sys.argv[1])
