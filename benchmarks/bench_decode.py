@@ -188,6 +188,9 @@ def main() -> int:
         bench_cpu(args.codebook, max(3, args.repeat // 4))
     if do_cuda:
         bench_cuda(args.codebook, args.repeat)
+        from exl3tool.trellis import _triton
+
+        print(f"triton direct relaunch of cached kernels: {_triton._fast_ok}")
     return 0
 
 
