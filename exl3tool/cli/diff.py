@@ -33,13 +33,15 @@ def _record_or_none(path: Path) -> dict[str, Any] | None:
     return doc
 
 
-def _identity_doc(path: Path, algo: str, threads: int | None) -> dict[str, Any]:
+def _identity_doc(path: Path, algo: str, threads: int | None) -> tuple[dict[str, Any], int]:
+    """The identity of `path` and how many errors its container had (then it is not trusted)."""
     from exl3tool.cli.identity import _hash
 
     ident, _kind, findings, _ckpt = _hash(path, algo, None, threads, None)
-    for f in findings.errors():
+    errors = findings.errors()
+    for f in errors:
         sys.stderr.write(f"exl3tool: {path}: {f.code} {f.message}\n")
-    return ident.to_json()
+    return ident.to_json(), len(errors)
 
 
 def _text(d: Any, a: Path, b: Path) -> str:
@@ -95,16 +97,22 @@ def diff(
     if len(algos) > 1:
         raise UsageError(f"cannot compare digests of different algorithms: {sorted(algos)}")
     use = algos.pop() if algos else "blake3"
-    da = ra if ra is not None else _identity_doc(a, use, threads)
-    db = rb if rb is not None else _identity_doc(b, use, threads)
+    da, errs_a = (ra, 0) if ra is not None else _identity_doc(a, use, threads)
+    db, errs_b = (rb, 0) if rb is not None else _identity_doc(b, use, threads)
     d = diff_docs(da, db)
     if fmt == "json":
-        doc = {"a": str(a), "b": str(b), **d.to_json()}
+        doc = {"a": str(a), "b": str(b), **d.to_json(), "conclusive": not (errs_a or errs_b)}
         text = json.dumps(doc, indent=2) + "\n"
+    elif errs_a or errs_b:
+        text = f"not conclusive: {errs_a + errs_b} container errors in {a} / {b}\n"
     else:
         text = _text(d, a, b)
     if output is not None:
         write_bytes_atomic(output, text.encode(), force=force)
     else:
         sys.stdout.write(text)
+    if errs_a or errs_b:
+        # An artifact with container errors has no trustworthy identity: never report "identical".
+        sys.stderr.write("exl3tool: diff is not conclusive: fix the errors above first\n")
+        raise typer.Exit(1)
     raise typer.Exit(0 if d.identical else 1)

@@ -60,3 +60,13 @@ def test_record_against_artifact(bases: tuple[Path, Path, Path], tmp_path: Path)
     assert run("diff", rec, same)[0] == 0
     assert run("diff", rec, k3)[0] == 1
     assert run("diff", rec, same, "--algo", "blake3")[0] == 2
+
+
+def test_broken_artifacts_are_never_identical(tmp_path: Path) -> None:
+    """Two unreadable artifacts hash to the same empty identity; diff must not call that equal."""
+    for name in ("x", "y"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"\xff" * 64)
+    code, out, err = run("diff", tmp_path / "x", tmp_path / "y")
+    assert code == 1
+    assert out.startswith("not conclusive") and "ST002" in err
