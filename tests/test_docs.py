@@ -20,6 +20,7 @@ from gate.test_hf import make_cache
 from exl3tool.docs_gen import COMMANDS_DIR, RULES_MD, command_names, generated, stale_pages
 
 CI_MD = REPO / "docs" / "ci.md"
+README = REPO / "README.md"
 FENCE = re.compile(r"^```bash tested\n(.*?)^```", re.S | re.M)
 
 
@@ -38,14 +39,15 @@ def test_a_page_shows_the_commands_help() -> None:
 
 
 def _tested_commands() -> list[str]:
-    blocks = FENCE.findall(CI_MD.read_text())
+    blocks = [b for doc in (CI_MD, README) for b in FENCE.findall(doc.read_text())]
     lines = [ln.strip() for b in blocks for ln in b.splitlines()]
     return [ln for ln in lines if ln and not ln.startswith("#")]
 
 
-def test_ci_doc_has_the_three_integrations() -> None:
-    text = CI_MD.read_text()
-    assert "id: exl3tool-validate" in text and "upload-sarif" in text
+@pytest.mark.parametrize("doc", [CI_MD, README], ids=["docs-ci", "readme"])
+def test_ci_doc_has_the_three_integrations(doc: Path) -> None:
+    text = doc.read_text()
+    assert "id: exl3tool-validate" in text and "code scanning" in text
     assert "examples/ci/github-actions.yml" in text and "org/name[@revision]" in text
     assert len(_tested_commands()) >= 3
 
