@@ -12,7 +12,7 @@ from pathlib import Path
 
 from exl3tool.checks import checkpoint_rules as ck
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.errors import InputError, UsageError
+from exl3tool.errors import InputError
 from exl3tool.findings import Findings, Location
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect
@@ -31,12 +31,20 @@ def check_readable(path: Path) -> None:
         raise InputError(f"{path}: not a directory or regular file")
 
 
+def artifact_root(path: Path) -> Path:
+    """The artifact a path names: a config or manifest file (what pre-commit passes) stands for
+    its directory; a `.safetensors` file and `adapter_config.json` stand for themselves."""
+    if path.is_file() and path.suffix == ".json" and path.name != "adapter_config.json":
+        return path.parent
+    if path.is_file() and path.name == "MANIFEST.sha256":
+        return path.parent
+    return path
+
+
 def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptions) -> dict:
     if kind is Kind.CARTRIDGE:
-        try:
-            from exl3tool.checks.cartridge import check_cartridge
-        except ModuleNotFoundError as exc:  # only while that family is not built yet
-            raise UsageError("cartridge checks are not available in this build") from exc
+        from exl3tool.checks.cartridge import check_cartridge
+
         check_cartridge(path, findings, options)
         return {}
     if kind not in CHECKPOINT_KINDS:
@@ -52,10 +60,8 @@ def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptio
     ckpt = load_checkpoint(path, findings)
     extra = _facts(ckpt)
     if kind is Kind.MSRT_BASE:
-        try:
-            from exl3tool.checks.base import check_base
-        except ModuleNotFoundError as exc:
-            raise UsageError("msrt-base checks are not available in this build") from exc
+        from exl3tool.checks.base import check_base
+
         check_base(ckpt, findings, options)
     elif kind is Kind.R7:
         from exl3tool.checks.r7 import check_r7
@@ -120,8 +126,8 @@ def _no_cyclic_gc() -> Iterator[None]:
 def validate_path(path: Path, options: ValidateOptions) -> tuple[ArtifactRef, Findings]:
     """Detect the artifact kind of `path` and run its checks. Raises InputError (exit 3) when
     the path cannot be read at all; every defect of a readable artifact is a finding."""
-    path = Path(path)
-    check_readable(Path(path))
+    path = artifact_root(Path(path))
+    check_readable(path)
     start = time.perf_counter()
     kind = detect(path)
     findings = Findings()

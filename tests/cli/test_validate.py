@@ -124,3 +124,12 @@ def test_example_validates(tmp_path: Path) -> None:
     example = Path(__file__).parents[2] / "examples" / "r7-tiny"
     res = invoke("--hash", str(example))
     assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("name", ["config.json", "quantization_config.json", "MANIFEST.sha256"])
+def test_a_config_or_manifest_file_stands_for_its_checkpoint(r7: Path, name: str) -> None:
+    """pre-commit passes changed file names: they validate the artifact they belong to."""
+    r = invoke(str(r7 / name), "--format", "json")
+    assert r.exit_code == 0, r.stdout
+    (art,) = json.loads(r.stdout)["artifacts"]
+    assert art["kind"] == "r7" and art["path"] == str(r7)
