@@ -235,7 +235,7 @@ def _valid_int_list(v: object, n: int | None = None) -> bool:
 def _entry(name: str, entry: object, label: str, findings: Findings) -> TensorInfo | None:
     # Fast path for the common, valid entry (headers of 100k tensors are parsed at start-up);
     # anything unusual falls through to the checks below, which report it.
-    if type(entry) is not list and isinstance(entry, dict) and len(entry) == 3:
+    if isinstance(entry, dict) and len(entry) == 3:
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if (
             type(dtype) is str
@@ -277,17 +277,12 @@ def _entry(name: str, entry: object, label: str, findings: Findings) -> TensorIn
             pointer=ptr + "/dtype",
         )
         ok = False
-    if not (isinstance(shape, list) and all(type(d) is int and 0 <= d <= MAX_INT48 for d in shape)):
+    if not _valid_int_list(shape):
         findings.add(
             rules.ST_SHAPE, f"shape {shape!r}", file=label, tensor=shown, pointer=ptr + "/shape"
         )
         ok = False
-    if not (
-        isinstance(offsets, list)
-        and len(offsets) == 2
-        and all(type(o) is int and 0 <= o <= MAX_INT48 for o in offsets)
-        and offsets[0] <= offsets[1]
-    ):
+    if not (_valid_int_list(offsets, 2) and offsets[0] <= offsets[1]):
         findings.add(
             rules.ST_OFFSETS,
             f"data_offsets {offsets!r}",
