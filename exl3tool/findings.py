@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -86,6 +87,18 @@ def all_rules() -> list[Rule]:
     return sorted(_REGISTRY.values(), key=lambda r: r.code)
 
 
+# Findings quote hostile input. Lone surrogates (JSON "\ud800" escapes) cannot be encoded as
+# UTF-8 and would crash every renderer; control characters (ESC, C1) would drive the terminal.
+# Both are carried in escaped form; newlines and tabs stay.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _printable(text: str | None) -> str | None:
+    if text is None or not _UNPRINTABLE.search(text):
+        return text
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 @dataclass(frozen=True)
 class Location:
     """Where a finding points: a file, a tensor inside it, and/or a JSON pointer."""
@@ -145,8 +158,8 @@ class Findings:
     ) -> Finding:
         f = Finding(
             r,
-            message,
-            Location(file, tensor, pointer),
+            _printable(message),
+            Location(_printable(file), _printable(tensor), _printable(pointer)),
             Severity(severity) if severity else None,
         )
         self._items.append(f)

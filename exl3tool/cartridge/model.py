@@ -164,8 +164,9 @@ def read_manifest(root: Path, findings: Findings) -> tuple[dict[str, Any] | None
     value, issues = loads(data)
     report_issues(issues, findings, label)
     if not isinstance(value, dict):
-        if value is not None:
-            findings.add(ca.CA_CONFIG, "is not a JSON object", file=label, pointer="")
+        if value is not None or not issues:  # a bare `null` parses without an issue
+            what = "null" if value is None else f"a JSON {type(value).__name__}"
+            findings.add(ca.CA_CONFIG, f"is {what}, not a JSON object", file=label, pointer="")
         return None, data
     return value, data
 

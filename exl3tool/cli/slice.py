@@ -68,6 +68,14 @@ def _emit(path: Path, kind: str, findings: Findings, fmt: str, summary: dict | N
         emit(Report(report.artifacts, shown), fmt)
 
 
+def _progress_total(path: Path) -> int:
+    """Bytes the progress bar expects; dangling links or loops are the slicer's to report."""
+    try:
+        return sum(p.lstat().st_size for p in path.rglob("*.safetensors")) if path.is_dir() else 0
+    except OSError:
+        return 0
+
+
 @handle_errors
 def slice_cmd(
     path: Annotated[
@@ -130,11 +138,7 @@ def slice_cmd(
     from exl3tool.report.progress import progress_bar
 
     try:
-        total = (
-            sum(p.stat().st_size for p in Path(path).rglob("*.safetensors"))
-            if Path(path).is_dir()
-            else 0
-        )
+        total = _progress_total(Path(path))
         with progress_bar(total, "slicing") as bar:
             outcome = slice_artifact(path, None if dry_run else output, opts, progress=bar)
     except (PlanRefused, SliceFailed) as exc:

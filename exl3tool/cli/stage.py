@@ -73,8 +73,11 @@ def stage_cartridge(
 
 def _total_bytes(adapter: Path) -> int:
     """Bytes to copy, for the progress bar (0 when unknown)."""
+    path = Path(adapter) / "adapter_config.json"
     try:
-        manifest = json.loads((Path(adapter) / "adapter_config.json").read_bytes())
+        if not path.is_file():  # a FIFO would block; the loader reports it
+            return 0
+        manifest = json.loads(path.read_bytes())
         return sum(s["size"] for s in manifest["shards"] if type(s.get("size")) is int)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return 0

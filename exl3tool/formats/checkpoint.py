@@ -159,10 +159,14 @@ def _load_indexed(ckpt: Checkpoint, present: list[str], findings: Findings) -> N
                 pointer="/weight_map",
             )
             continue
-        if not (ckpt.root / label).is_file():
+        try:
+            absent = "" if (ckpt.root / label).is_file() else "absent"
+        except OSError as exc:  # e.g. a name too long for the file system
+            absent = exc.strerror or str(exc)
+        if absent:
             findings.add(
                 ck.CK_INDEX_MISSING_SHARD,
-                f"{label} is referenced but absent",
+                f"{label} is referenced but {absent}",
                 file=INDEX_NAME,
                 pointer="/weight_map",
             )

@@ -337,3 +337,8 @@ def _check_layout(out: SafetensorsFile, findings: Findings) -> None:
     if pos > data_len or (pos < data_len and complete):
         what = "trailing bytes after" if pos < data_len else "payloads run past end of file by"
         findings.add(rules.ST_COVERAGE, f"{what} {abs(data_len - pos)} bytes", file=label)
+    # A payload past the end of the file cannot be read: drop its entry (reported above) so no
+    # later check maps bytes that are not there.
+    for name in [n for n, t in out.tensors.items() if t.end > data_len]:
+        del out.tensors[name]
+        out.invalid_entries += 1

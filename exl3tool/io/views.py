@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,8 +22,12 @@ class MappedFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        with open(path, "rb") as fh:
-            self.size = os.fstat(fh.fileno()).st_size
+        # O_NONBLOCK: a FIFO posing as a shard must not hang us; only regular files are mapped.
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", str(path))
+            self.size = st.st_size
             self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
 
     def buffer(self, start: int, end: int) -> memoryview:

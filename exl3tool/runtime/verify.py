@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from exl3tool.errors import InputError
 from exl3tool.runtime import cold, quality
 from exl3tool.runtime.base import BaseModel, base_geometry, load_base, open_base
 from exl3tool.runtime.compare import Tally, compare
@@ -166,10 +167,23 @@ def parse_layers(spec: str | None) -> list[int] | None:
 
 
 def adapter_layers(adapter: Path) -> list[int]:
-    import json
+    """`selected_layers` of a cartridge, read strictly: a defective manifest is an InputError,
+    like a defective base (open_base), never a traceback or a hang on a FIFO."""
+    from exl3tool.findings import Findings
+    from exl3tool.io.jsonfile import read_json
 
-    m = json.loads((Path(adapter) / "adapter_config.json").read_text(encoding="utf-8"))
-    return sorted(int(x) for x in m.get("selected_layers", []))
+    path = Path(adapter) / "adapter_config.json"
+    findings = Findings()
+    try:
+        m = read_json(path, findings, path.name) if path.is_file() else None
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror or exc}") from exc
+    layers = m.get("selected_layers", []) if m is not None else None
+    if not isinstance(layers, list) or not all(type(x) is int for x in layers):
+        errs = findings.errors()
+        first = f"{errs[0].code} {errs[0].message}" if errs else "no usable selected_layers"
+        raise InputError(f"{adapter}: not a readable MSRT cartridge ({first})")
+    return sorted(layers)
 
 
 def pick_layers(opts: VerifyOptions, moe_layers: list[int]) -> list[int]:
