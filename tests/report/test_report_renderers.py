@@ -19,7 +19,7 @@ from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.report.sarif import FINGERPRINT_KEY, locate, to_sarif
 
 ROOT = Path(__file__).resolve().parents[2]
-SARIF_SCHEMA = json.loads((ROOT / "tests/data/sarif-2.1.0.schema.json").read_text())
+SARIF_SCHEMA = json.loads((ROOT / "schemas/sarif-2.1.0-subset.schema.json").read_text())
 REPORT_SCHEMA = json.loads((ROOT / "schemas/exl3tool-report-1.schema.json").read_text())
 
 
@@ -35,11 +35,27 @@ def _report(artifacts: tuple[str, ...] = ("models/m",)) -> Report:
     return Report([ArtifactRef(a, "exl3") for a in artifacts], fs, notes=["inferred kind"])
 
 
-def test_sarif_validates_against_the_official_schema() -> None:
+def test_sarif_validates_against_the_sarif_schema() -> None:
     for arts in (("models/m",), ("/abs/one", "two"), (".",)):
         log = to_sarif(_report(arts))
-        jsonschema.Draft4Validator(SARIF_SCHEMA).validate(log)
+        jsonschema.Draft202012Validator(SARIF_SCHEMA).validate(log)
         json.dumps(log)  # serialisable
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda log: log.pop("version"),
+        lambda log: log["runs"][0]["results"][0].pop("message"),
+        lambda log: log["runs"][0]["results"][0].__setitem__("level", "fatal"),
+        lambda log: log["runs"][0]["tool"]["driver"].__setitem__("rule", []),
+    ],
+    ids=["no-version", "no-message", "bad-level", "unknown-property"],
+)
+def test_the_sarif_schema_rejects_broken_logs(mutate) -> None:  # type: ignore[no-untyped-def]
+    log = to_sarif(_report())
+    mutate(log)
+    assert list(jsonschema.Draft202012Validator(SARIF_SCHEMA).iter_errors(log))
 
 
 def test_sarif_content() -> None:
@@ -96,7 +112,7 @@ def test_sarif_multiple_artifacts_longest_prefix() -> None:
         (0, "c.safetensors"),
         (None, "elsewhere.json"),
     ]
-    jsonschema.Draft4Validator(SARIF_SCHEMA).validate(to_sarif(rep))
+    jsonschema.Draft202012Validator(SARIF_SCHEMA).validate(to_sarif(rep))
     assert to_sarif(rep)["runs"][0]["originalUriBaseIds"]["ARTIFACT1"]["uri"] == "a/b/"
 
 
