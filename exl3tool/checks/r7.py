@@ -32,7 +32,12 @@ from exl3tool.checks.exl3 import (
     flush_payload_checks,
 )
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.checks.rank_sliced import TailContext, check_tail, tail_layers
+from exl3tool.checks.rank_sliced import (
+    TailContext,
+    check_tail,
+    report_missing_expert_count,
+    tail_layers,
+)
 from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import group_linears
@@ -748,12 +753,7 @@ def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> 
     block = check_block(qc["r7_routed_experts"], file, base + "/r7_routed_experts", findings)
     count = expert_count(config)
     if count is None:
-        findings.add(
-            r7.R7_EXPERT_COUNT,
-            "config.json gives no n_routed_experts / num_experts / num_local_experts",
-            file="config.json",
-            pointer="/n_routed_experts",
-        )
+        report_missing_expert_count(findings)
     hidden, inter = _sizes(config, findings)
     table = expert_table(ckpt.tensors)
     tail = config.get("hybrid_tr3_tail")

@@ -47,6 +47,16 @@ class TailContext:
     n_experts: int | None
 
 
+def report_missing_expert_count(findings: Findings) -> None:
+    """R7/RS configs must give the routed expert count (rule R7 expert-count)."""
+    findings.add(
+        r7.R7_EXPERT_COUNT,
+        "config.json gives no n_routed_experts / num_experts / num_local_experts",
+        file="config.json",
+        pointer="/n_routed_experts",
+    )
+
+
 def _range(v: Any) -> tuple[int, int] | None:
     ok = isinstance(v, list) and len(v) == 2 and all(is_json_int(x) and x >= 0 for x in v)
     return (v[0], v[1]) if ok and v[1] >= v[0] else None
@@ -287,12 +297,7 @@ def check_rank_sliced(ckpt: Checkpoint, findings: Findings, options: ValidateOpt
         count[1] if count else None,
     )
     if count is None:
-        findings.add(
-            r7.R7_EXPERT_COUNT,
-            "config.json gives no n_routed_experts / num_experts / num_local_experts",
-            file="config.json",
-            pointer="/n_routed_experts",
-        )
+        report_missing_expert_count(findings)
     finite = FiniteCheck()
     with RandomAccessReader() as reader:
         check_tail(
