@@ -42,11 +42,17 @@ def build(root: Path, gb: float) -> Path:
     )  # fmt: skip
 
 
+def _env() -> dict[str, str]:
+    """The environment of a child: this checkout first on the import path."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def run(cmd: list[str]) -> tuple[float, int, float]:
     """Wall seconds, peak RSS (bytes) and CPU seconds (user + sys) of a child process."""
     t = time.perf_counter()
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)}
+        cmd, stdout=subprocess.DEVNULL, env=_env()
     )
     _, status, usage = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t
@@ -78,7 +84,7 @@ def main() -> None:
         args.dir.mkdir(parents=True)
         subprocess.run(
             [sys.executable, __file__, "--build-only", str(src), "--gb", str(args.gb)],
-            check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+            check=True, env=_env(),
         )  # fmt: skip
     shards = sorted(src.glob("*.safetensors"))
     size = sum(p.stat().st_size for p in shards)

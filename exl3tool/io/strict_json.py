@@ -154,3 +154,29 @@ def is_json_int(value: Any) -> bool:
 def canonical_json(value: Any) -> bytes:
     """Canonical JSON bytes: sorted keys, compact separators, ASCII (msrt-cartridge-format.md §6.2)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def pretty_json(value: Any, depth: int, *, ensure_ascii: bool = True) -> str:
+    """JSON with the outer `depth` levels of objects and arrays indented by two spaces and
+    everything deeper on one line (C encoder): readable like `indent=2` for manifests of 100k
+    entries, without the pure-Python encoder `indent` falls back to (~10x slower)."""
+    inline = json.JSONEncoder(ensure_ascii=ensure_ascii, separators=(", ", ": ")).encode
+    out: list[str] = []
+
+    def emit(v: Any, level: int) -> None:
+        if level >= depth or not isinstance(v, dict | list) or not v:
+            out.append(inline(v))
+            return
+        pad = "\n" + "  " * (level + 1)
+        is_dict = isinstance(v, dict)
+        out.append("{" if is_dict else "[")
+        for i, item in enumerate(v.items() if is_dict else v):
+            out.append(("," if i else "") + pad)
+            if is_dict:
+                out.append(inline(item[0]) + ": ")
+                item = item[1]
+            emit(item, level + 1)
+        out.append("\n" + "  " * level + ("}" if is_dict else "]"))
+
+    emit(value, 0)
+    return "".join(out)

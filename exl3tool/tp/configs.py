@@ -4,7 +4,6 @@ rank-sliced `hybrid_tr3_tail` (r7-checkpoint-format.md §7.1)."""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
 import shutil
@@ -15,6 +14,7 @@ from typing import Any
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.detect import Kind
 from exl3tool.formats.names import parse_expert
+from exl3tool.io.strict_json import MAX_DEPTH, pretty_json
 from exl3tool.tp.slices import TensorSlice
 
 MANIFEST_NAME = "exl3tool-slices.json"
@@ -27,8 +27,9 @@ _NOT_CARRIED = re.compile(
 CONFIG_NAMES = ("config.json", "quantization_config.json")
 
 
-def dump_json(value: Any) -> bytes:
-    return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode()
+def dump_json(value: Any, depth: int = MAX_DEPTH) -> bytes:
+    """Indented JSON; `depth` keeps the deeper levels of large documents on one line (fast)."""
+    return (pretty_json(value, depth, ensure_ascii=False) + "\n").encode()
 
 
 def carried_files(ckpt: Checkpoint) -> list[str]:
@@ -190,4 +191,5 @@ def index_json(parts, base: str = "") -> bytes:
         for s in p.slices:
             wm[s.target_name] = rel
             total += s.nbytes
-    return dump_json({"metadata": {"total_size": total}, "weight_map": dict(sorted(wm.items()))})
+    doc = {"metadata": {"total_size": total}, "weight_map": dict(sorted(wm.items()))}
+    return dump_json(doc, depth=2)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from exl3tool.formats.checkpoint import Checkpoint
-from exl3tool.identity.engine import new_hasher
+from exl3tool.identity.engine import default_threads, new_hasher
 from exl3tool.io.safetensors import FileStamp
 from exl3tool.io.st_writer import TensorSpec, build_header
 from exl3tool.tp.slices import TensorSlice
@@ -196,6 +196,7 @@ class _Stream:
     root: Path
     parts: list[Part]
     algos: tuple[str, ...] = ("blake3",)  # per-part file digests, in Part field names
+    hash_threads: int = 1  # threads of each blake3 hasher (cores the other consumers leave)
     _part: int = -1
     _left: int = 0
     _fd: int | None = None
@@ -212,7 +213,7 @@ class _Stream:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._written = self._kicked = 0
-        self._hashers = [new_hasher(a) for a in self.algos]
+        self._hashers = [new_hasher(a, self.hash_threads) for a in self.algos]
         header = part.header()
         self._emit(header)
         self._left = len(part.slices)
@@ -324,6 +325,7 @@ class _SourceHasher:
         self.digests: dict[str, str] = {}
 
     def run(self, names: Sequence[str], ckpt: Checkpoint, maps: SourceMaps) -> None:
+        """Hash `names` (one consumer's share of a batch; several run at once)."""
         for name in names:
             if name not in self.wanted:
                 continue
@@ -421,8 +423,9 @@ def write_streams(
         flat.append(items)
     batches = _batches(ckpt, order)
     maps = SourceMaps(ckpt)
-    writers = [_Stream(root, parts, algos) for parts in streams]
     hasher = _SourceHasher(source_algo, source_tensors) if source_tensors else None
+    share = _share_cores(threads, len(streams), hasher is not None)
+    writers = [_Stream(root, parts, algos, share.stream_hash_threads) for parts in streams]
     cursors = [0] * len(writers)
 
     def copy_batch(w: int, b: int) -> None:
@@ -437,10 +440,10 @@ def write_streams(
             i += 1
         cursors[w] = i
 
-    def hash_batch(b: int) -> None:
+    def hash_batch(j: int, b: int) -> None:
         assert hasher is not None
         first, last = batches[b]
-        hasher.run(order[first:last], ckpt, maps)
+        hasher.run(order[first + j : last : share.source_hashers], ckpt, maps)
 
     def release(b: int) -> None:
         first, last = batches[b]
@@ -459,13 +462,13 @@ def write_streams(
         (lambda b, w=w: copy_batch(w, b)) for w in range(len(writers))
     ]
     if hasher is not None:
-        consumers.append(hash_batch)
+        consumers += [(lambda b, j=j: hash_batch(j, b)) for j in range(share.source_hashers)]
     try:
         for label in {ckpt.tensors[n].file for n in order}:
             maps.get(label)
         for w in writers:
             w.start()
-        if (threads or os.cpu_count() or 1) <= 1 or len(consumers) == 1:
+        if share.cores <= 1 or len(consumers) == 1:
             for b in range(len(batches)):
                 for c in consumers:
                     c(b)
@@ -483,6 +486,24 @@ def write_streams(
     if hasher is not None:
         maps.digests = hasher.digests
     return maps
+
+
+@dataclass(frozen=True)
+class _CoreShare:
+    cores: int
+    source_hashers: int  # consumers that split each batch's source tensors between them
+    stream_hash_threads: int  # threads of each output stream's blake3 hashers
+
+
+def _share_cores(threads: int | None, streams: int, hash_source: bool) -> _CoreShare:
+    """Spread the cores over the work: one thread per output stream; of the cores left, half
+    hash the source (each takes every n-th tensor of a batch) and half go to the streams'
+    hashers (a multi-threaded blake3 hasher per stream). On 2 cores: one of each, no extra."""
+    cores = max(1, threads or default_threads())
+    spare = max(0, cores - streams)
+    sources = max(1, spare // 2) if hash_source else 0
+    per_stream = max(1, (spare - sources) // max(1, streams) + 1)
+    return _CoreShare(cores, sources, per_stream)
 
 
 def _run_consumers(

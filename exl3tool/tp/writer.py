@@ -256,7 +256,7 @@ def write_plan(
             rels += configs.write_rank_sliced_configs(ckpt, Kind(plan.kind), plan.tp, tmp)
         files = _file_records(tmp, rels, parts, algos)
         manifest = build_manifest(plan, ckpt, source, files, file_of, max_shard_size, root_digest)
-        (tmp / MANIFEST_NAME).write_bytes(dump_json(manifest))
+        (tmp / MANIFEST_NAME).write_bytes(dump_json(manifest, depth=4))  # a line per tensor
         if verify:
             from exl3tool.tp.verify import verify_slices
 

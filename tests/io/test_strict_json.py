@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from exl3tool.findings import Findings
 from exl3tool.io import jsonfile, strict_json
-from exl3tool.io.strict_json import canonical_json, is_json_int, loads, pointer_join
+from exl3tool.io.strict_json import canonical_json, is_json_int, loads, pointer_join, pretty_json
 
 
 def kinds(text: str | bytes) -> list[tuple[str, str]]:
@@ -116,3 +117,30 @@ def test_read_json_too_large_and_valid(tmp_path: Path) -> None:
     assert jsonfile.read_json(p, fs, "big.json") == {"a": "x" * 100} and not fs
     p.write_bytes(b"[1]")
     assert jsonfile.read_json(p, Findings(), "x", require_object=False) == [1]
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(_JSON, st.integers(0, 6), st.booleans())
+def test_pretty_json_round_trips_and_matches_indent_2_when_deep_enough(
+    value: object, depth: int, ascii_only: bool
+) -> None:
+    text = pretty_json(value, depth, ensure_ascii=ascii_only)
+    assert json.loads(text) == value
+    full = pretty_json(value, 64, ensure_ascii=ascii_only)
+    assert full == json.dumps(value, indent=2, ensure_ascii=ascii_only)
+
+
+def test_pretty_json_keeps_deeper_levels_on_one_line() -> None:
+    doc = {"ranks": [{"tensors": {"a": {"shape": [1, 2], "file": "x"}}}]}
+    lines = pretty_json(doc, 4).splitlines()
+    assert '        "a": {"shape": [1, 2], "file": "x"}' in lines
+    assert pretty_json(doc, 0) == json.dumps(doc, separators=(", ", ": "))

@@ -67,6 +67,40 @@ def test_threads_and_batches_do_not_change_bytes(
     assert a["files"] == b["files"] and a["source"]["identity"] == b["source"]["identity"]
 
 
+def test_many_cores_split_the_hashing_without_changing_a_digest(
+    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 cores at TP 2: 7 consumers share the source identity, each output stream hashes with
+    a 4-thread blake3 hasher; roots and file digests equal the one-thread run and the files."""
+    import blake3
+
+    assert stream._share_cores(16, 2, True) == stream._CoreShare(16, 7, 4)
+    monkeypatch.setattr(stream, "BATCH", 1 << 16)  # several batches, each split 7 ways
+    ref, out = tmp_path / "ref", tmp_path / "mt"
+    slice_artifact(sources["r7"], ref, SliceOptions(2, threads=1))
+    slice_artifact(sources["r7"], out, SliceOptions(2, threads=16))
+    assert _files(out) == _files(ref)
+    a, b = (json.loads((d / "exl3tool-slices.json").read_text()) for d in (ref, out))
+    assert a["files"] == b["files"] and a["source"]["identity"] == b["source"]["identity"]
+    for r in b["files"]:
+        assert r["blake3"] == blake3.blake3((out / r["path"]).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("cores", "streams", "want"),
+    [
+        (1, 2, (1, 1, 1)),
+        (2, 2, (2, 1, 1)),
+        (2, 1, (2, 1, 1)),
+        (8, 8, (8, 1, 1)),
+        (16, 4, (16, 6, 2)),
+    ],
+)
+def test_core_share(cores: int, streams: int, want: tuple[int, int, int]) -> None:
+    assert stream._share_cores(cores, streams, True) == stream._CoreShare(*want)
+    assert stream._share_cores(cores, streams, False).source_hashers == 0
+
+
 def test_sha256_only_when_asked(sources: dict[str, Path], tmp_path: Path) -> None:
     plain, full = tmp_path / "plain", tmp_path / "full"
     slice_artifact(sources["r7"], plain, SliceOptions(2))
