@@ -12,7 +12,7 @@ every rank are materialized (dry run) and summarized in `exl3tool-staging.json`.
 Publication is atomic (`io.atomic.atomic_dir`): everything is written in a hidden temporary
 sibling `.OUT.tmp-*`, fsynced, then renamed. On any error nothing appears at OUT and an existing
 OUT is untouched. A killed process can leave a hidden `.OUT.tmp-*` sibling; the next run removes
-such leftovers older than the run (`_clean_leftovers`).
+such leftovers when no live process holds them (`io.atomic.remove_stale_temps`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from exl3tool.errors import Exl3ToolError, OutputError, UsageError
 from exl3tool.findings import Findings
 from exl3tool.identity.engine import new_hasher
 from exl3tool.io import rules as io_rules
-from exl3tool.io.atomic import atomic_dir
+from exl3tool.io.atomic import atomic_dir, remove_stale_temps
 from exl3tool.io.paths import PathViolation, open_inside
 from exl3tool.io.safetensors import FileStamp
 
@@ -241,20 +241,6 @@ def staging_record(
     }
 
 
-def _clean_leftovers(out: Path) -> None:
-    """Remove hidden temp siblings a killed earlier run left behind (`.OUT.tmp-*`, `.OUT.old-*`)."""
-    parent = out.parent
-    if not parent.is_dir():
-        return
-    for e in parent.iterdir():
-        if (
-            e.name.startswith((f".{out.name}.tmp-", f".{out.name}.old-"))
-            and e.is_dir()
-            and not e.is_symlink()
-        ):
-            shutil.rmtree(e, ignore_errors=True)
-
-
 def _fail(findings: Findings, what: str) -> None:
     if findings.has_errors():
         raise StageError(f"{what}: {len(findings.errors())} errors; nothing was written", findings)
@@ -276,7 +262,7 @@ def stage_cartridge(
         raise UsageError("--tp must be >= 1")
     if (out.exists() or out.is_symlink()) and not force:
         raise OutputError(f"{out} exists; pass --force to replace it")
-    _clean_leftovers(out)
+    remove_stale_temps(out)  # a killed run's leftovers; never a live run's
     findings = Findings()
     src = load_cartridge(Path(adapter), findings)
     if src.entry_file is not None and src.entry_file != spec.ADAPTER_CONFIG:

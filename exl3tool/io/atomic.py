@@ -1,7 +1,10 @@
 """Atomic publication: write into a hidden temporary sibling, fsync, then rename into place.
 
 A reader never sees a half-written output, an existing output is only replaced with
-`force=True`, and any exception (or a killed process) leaves the target untouched.
+`force=True`, and any exception (or a killed process) leaves the target untouched. Each
+temporary directory is held under an exclusive `flock` while in use, so that
+`remove_stale_temps` removes only what a killed run left behind, never the work of a run that
+is still going (two runs writing the same OUT at once).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,18 +43,74 @@ def _check_target(target: Path, force: bool) -> None:
         raise OutputError(f"{target.parent} is not a directory")
 
 
+def _lock_dir(path: Path, *, wait: bool = True) -> int | None:
+    """An fd of `path` holding an exclusive flock; None when `wait` is False and another open
+    file holds it (or the directory is gone). Where flock does not exist: an unlocked fd."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None
+    if sys.platform == "win32":  # no flock: nothing is ever removed as stale there
+        return fd
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _temp_dir(target: Path, kind: str) -> tuple[Path, int | None]:
+    """A new hidden sibling `.NAME.{kind}-*` of target, locked for as long as the fd is open."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{kind}-", dir=target.parent))
+    return tmp, _lock_dir(tmp)
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Remove the hidden siblings (`.NAME.tmp-*`, `.NAME.old-*`) of target that no running
+    process holds (a killed run's leftovers); returns what was removed."""
+    target = Path(target).absolute()
+    parent = target.parent
+    if sys.platform == "win32" or not parent.is_dir():
+        return []
+    removed = []
+    for e in parent.iterdir():
+        if not e.name.startswith((f".{target.name}.tmp-", f".{target.name}.old-")):
+            continue
+        if e.is_symlink() or not e.is_dir():
+            continue
+        fd = _lock_dir(e, wait=False)
+        if fd is None:  # in use by a live run
+            continue
+        try:
+            shutil.rmtree(e, ignore_errors=True)
+            removed.append(e)
+        finally:
+            os.close(fd)
+    return removed
+
+
 def _replace(tmp: Path, target: Path) -> None:
     """Move tmp onto target; an existing target is moved aside first and removed after."""
     if target.exists() or target.is_symlink():
-        trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-        os.rename(target, trash / "old")
+        trash, lock = _temp_dir(target, "old")
         try:
-            os.rename(tmp, target)
-        except BaseException:
-            os.rename(trash / "old", target)
+            os.rename(target, trash / "old")
+            try:
+                os.rename(tmp, target)
+            except BaseException:
+                os.rename(trash / "old", target)
+                raise
+        finally:
             shutil.rmtree(trash, ignore_errors=True)
-            raise
-        shutil.rmtree(trash, ignore_errors=True)
+            _unlock(lock)
     else:
         os.rename(tmp, target)
     fsync_path(target.parent)
@@ -61,7 +121,7 @@ def atomic_dir(target: Path, *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary directory that becomes `target` when the block succeeds."""
     target = Path(target).absolute()
     _check_target(target, force)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp, lock = _temp_dir(target, "tmp")
     try:
         yield tmp
         fsync_tree(tmp)
@@ -70,6 +130,8 @@ def atomic_dir(target: Path, *, force: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _unlock(lock)
 
 
 @contextlib.contextmanager

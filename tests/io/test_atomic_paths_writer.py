@@ -12,7 +12,7 @@ import pytest
 
 from exl3tool.errors import OutputError
 from exl3tool.findings import Findings
-from exl3tool.io.atomic import atomic_dir, atomic_file, write_bytes_atomic
+from exl3tool.io.atomic import atomic_dir, atomic_file, remove_stale_temps, write_bytes_atomic
 from exl3tool.io.paths import PathViolation, is_within, open_inside, relative_path_problem
 from exl3tool.io.safetensors import read_header
 from exl3tool.io.st_writer import SafetensorsStreamWriter, TensorSpec, build_header, write_arrays
@@ -77,6 +77,23 @@ def test_replaced_with_force(tmp_path: Path) -> None:
         (tmp / "fresh").write_bytes(b"f")
     assert _names(d) == {"fresh"}
     assert _names(tmp_path) == {"out.bin", "outdir"}  # no temp or trash left
+
+
+def test_stale_temps_are_removed_but_a_live_runs_are_not(tmp_path: Path) -> None:
+    """Two runs writing the same OUT: the second one's clean-up must not delete the first one's
+    temporary directory while it is being written (it holds a flock); a killed run's is gone."""
+    stale = tmp_path / ".out.tmp-killed"
+    stale.mkdir()
+    (stale / "half.safetensors").write_bytes(b"x")
+    other = tmp_path / ".other.tmp-1"  # another target's temp: not ours to touch
+    other.mkdir()
+    with atomic_dir(tmp_path / "out") as live:
+        (live / "a").write_bytes(b"a")
+        assert remove_stale_temps(tmp_path / "out") == [stale]
+        assert live.is_dir() and (live / "a").read_bytes() == b"a"
+    assert (tmp_path / "out" / "a").read_bytes() == b"a"
+    assert not stale.exists() and other.is_dir()
+    assert remove_stale_temps(tmp_path / "out") == []
 
 
 def test_missing_parent_is_an_output_error(tmp_path: Path) -> None:
