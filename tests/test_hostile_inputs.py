@@ -517,6 +517,20 @@ def _dangling_relative_link(root: Path) -> None:
     path.symlink_to("../" + path.name)
 
 
+def _router_3d(root: Path) -> None:
+    """Layer 4's router [E, hidden] relabelled [E, 2, hidden / 2]: same bytes, wrong rank
+    (the seed-77 campaign's one crash: verify-swap transposed it)."""
+    path = root / "model-layer-004.safetensors"
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    entry = header["model.layers.4.mlp.gate.weight"]
+    e, h = entry["shape"]
+    entry["shape"] = [e, 2, h // 2]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    path.write_bytes(raw[:8] + text.ljust(n) + raw[8 + n :])
+
+
 def _replace(name: str, how: str) -> Callable[[Path], None]:
     def mutate(root: Path) -> None:
         path = root / name
@@ -622,6 +636,8 @@ REPRODUCERS = [
     ("index-lone-surrogate", "base", _index_value("\ud800"), "validate", {1}, "\ud800"),
     ("index-key-escape", "r7", _index_value("", "\u001b]0;pwn\u0007"), "validate", {1}, "\x1b"),
     ("hash-shard-fifo", "base", _shard_fifo, "validate", {1, 3}, None),
+    ("router-3d-validate", "base", _router_3d, "validate", {1}, None),
+    ("router-3d-verify-swap", "base", _router_3d, "verify-swap", {3}, None),
 ]
 
 

@@ -148,3 +148,12 @@ MB_MANIFEST_ABSENT = rule(
     "The producer pins a base through the sha256 of its MANIFEST.sha256 (P7); without one the files are not sealed.",
     "Write MANIFEST.sha256 in sha256sum format over every file.",
 )
+MB_ROUTER = rule(
+    "MB019",
+    "router-shape",
+    E,
+    "Router weight is not a float [experts, hidden] matrix",
+    "Each MoE layer's `mlp.gate.weight` scores every routed expert from the hidden state: a "
+    "2-D F16/BF16/F32 tensor [experts_per_layer, hidden_size] (the runtime transposes it).",
+    "Store the router as [experts, hidden] in F16, BF16 or F32.",
+)

@@ -18,7 +18,7 @@ import torch
 from exl3tool.cartridge import spec
 from exl3tool.errors import InputError
 from exl3tool.findings import Findings
-from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
+from exl3tool.formats.checkpoint import Checkpoint, TensorRef, load_checkpoint
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.views import TensorReader
 from exl3tool.runtime.linear import Exl3Linear
@@ -101,6 +101,21 @@ def open_base(path: Path) -> tuple[Checkpoint, dict[str, Any]]:
     return ckpt, cfg
 
 
+def router_weight(
+    rd: TensorReader, ref: TensorRef, path: Path, experts: int, hidden: int
+) -> torch.Tensor:
+    """A layer's router `mlp.gate.weight` as fp16 [experts, hidden] (BF16 reinterpreted, not
+    cast from its raw integers); anything else is unusable input (validate: MB019)."""
+    info = ref.info
+    if info.dtype not in spec.ROUTER_DTYPES or info.shape != (experts, hidden):
+        raise InputError(
+            f"{path}: router {ref.name} is {info.dtype}{list(info.shape)}, expected F16, BF16 "
+            f"or F32 [{experts}, {hidden}] (MB019)"
+        )
+    t = to_torch(rd.array(ref.shard, info))
+    return (t.view(torch.bfloat16) if info.dtype == "BF16" else t).to(torch.float16)
+
+
 def base_geometry(cfg: dict[str, Any], path: Path) -> tuple[int, int, int, int, int, list[int]]:
     """(hidden, intermediate, experts, top-k, K, MoE layers) of an exl3-msrt-base/1 config."""
     hidden, inter, experts = spec.base_sizes(cfg)
@@ -153,7 +168,7 @@ def load_base(
             model.linears[layer] = held
             router = ckpt.tensors.get(f"model.layers.{layer}.mlp.gate.weight")
             model.routers[layer] = (
-                to_torch(rd.array(router.shard, router.info)).to(torch.float16).to(device)
+                router_weight(rd, router, Path(path), experts, hidden).to(device)
                 if router is not None
                 else None
             )

@@ -19,6 +19,7 @@ from exl3tool.identity.compat import root_digest
 from exl3tool.synth.msrt import build_base, rewrite_shard, write_manifest_sha256
 
 SHARD = "model-layer-003.safetensors"
+ROUTER = "model.layers.3.mlp.gate.weight"
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +131,9 @@ CASES = [
     ("manifest-hash", "MB016", cfg(lambda c: c.__setitem__("vocab_size", 129), reseal=False)),
     ("geometry", "MB017", cfg(lambda c: c.__setitem__("hidden_size", 256))),
     ("no-manifest", "MB018", lambda d: (d / "MANIFEST.sha256").unlink()),
+    ("router-dtype", "MB019", shard(lambda t: {**t, ROUTER: t[ROUTER].view(np.int16)})),
+    ("router-rank", "MB019", shard(lambda t: {**t, ROUTER: t[ROUTER].reshape(4, 2, -1)})),
+    ("router-experts", "MB019", shard(lambda t: {**t, ROUTER: t[ROUTER][:3]})),
 ]
 
 
