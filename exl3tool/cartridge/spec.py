@@ -172,6 +172,3 @@ __all__ = [
     "PROJECTIONS",
     "SPLIT_AXIS",
 ]
-
-# A MoE layer's router `mlp.gate.weight`: [experts, hidden] in one of these dtypes (validate MB019).
-ROUTER_DTYPES = frozenset(("F16", "BF16", "F32"))

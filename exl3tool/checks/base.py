@@ -20,6 +20,7 @@ from typing import Any
 from exl3tool.cartridge import spec
 from exl3tool.checks import base_rules as mb
 from exl3tool.checks.options import ValidateOptions
+from exl3tool.checks.routers import check_routers
 from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.names import PROJECTIONS, parse_expert
@@ -211,7 +212,8 @@ def _tensors(ckpt: Checkpoint, tail: dict[str, Any], k: int | None, findings: Fi
             pointer=_PTR + "/moe_layers",
         )
     epl = tail.get("experts_per_layer")
-    _routers(ckpt, sorted(layers), hidden, epl if type(epl) is int else _n, findings)
+    experts = epl if type(epl) is int else _n
+    check_routers(ckpt, sorted(layers), experts, hidden, mb.MB_ROUTER, findings)
     if type(epl) is int:
         for layer, es in sorted(layers.items()):
             if es != set(range(epl)):
@@ -221,30 +223,6 @@ def _tensors(ckpt: Checkpoint, tail: dict[str, Any], k: int | None, findings: Fi
                     file="config.json",
                     pointer=_PTR + "/experts_per_layer",
                 )
-
-
-def _routers(
-    ckpt: Checkpoint, layers: list[int], hidden: int | None, experts: Any, findings: Findings
-) -> None:
-    """Each MoE layer's router, when stored, is a float [experts, hidden] matrix."""
-    for layer in layers:
-        ref = ckpt.tensors.get(f"model.layers.{layer}.mlp.gate.weight")
-        if ref is None:
-            continue
-        sh = ref.info.shape
-        want = [experts if type(experts) is int else "E", hidden or "hidden"]
-        if (
-            ref.info.dtype not in spec.ROUTER_DTYPES
-            or len(sh) != 2
-            or (type(experts) is int and sh[0] != experts)
-            or (hidden and sh[1] != hidden)
-        ):
-            findings.add(
-                mb.MB_ROUTER,
-                f"{ref.info.dtype}{list(sh)}, expected F16/BF16/F32 {want}",
-                file=ref.file,
-                tensor=ref.name,
-            )
 
 
 def _identity(

@@ -38,6 +38,7 @@ from exl3tool.checks.rank_sliced import (
     report_missing_expert_count,
     tail_layers,
 )
+from exl3tool.checks.routers import check_routers
 from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import group_linears
@@ -783,6 +784,10 @@ def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> 
             _check_carried_tail(
                 ckpt, tail, block, table, hidden, inter, count, findings, options, reader, finite
             )
+        if block is not None:
+            n_exp = count[1] if count is not None else None
+            layers = range(block.first, block.last + 1)
+            check_routers(ckpt, layers, n_exp, hidden, r7.R7_ROUTER, findings)
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
         check_linears(group_linears(others), ckpt.tensors, findings, reader, finite)
         flush_payload_checks(reader, finite, findings)

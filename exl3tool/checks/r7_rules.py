@@ -344,6 +344,16 @@ R7_TP_ALIGN = rule(
     "Each rank streams a slice of I/TP channels; slices must not cut a 128 Hadamard block (§3.4).",
     "Serve with a TP size that divides the intermediate size into multiples of 128.",
 )
+R7_ROUTER = rule(
+    "R7071",
+    "router-shape",
+    E,
+    "Router weight is not a float [experts, hidden] matrix",
+    "Each MoE layer's `mlp.gate.weight` is [n_routed_experts, hidden_size] (and its optional "
+    "`e_score_correction_bias` [n_routed_experts]) in F16, BF16 or F32; the loader fails at boot "
+    "on any other shape.",
+    "Store the router as [experts, hidden] (bias [experts]) in F16, BF16 or F32.",
+)
 
 # --- legacy rank-sliced profile (§7.1) ---------------------------------------------------------
 RS_FIELD = rule(

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from exl3tool.cartridge import spec
+from exl3tool.checks.routers import router_problem
 from exl3tool.errors import InputError
 from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef, load_checkpoint
@@ -107,7 +108,7 @@ def router_weight(
     """A layer's router `mlp.gate.weight` as fp16 [experts, hidden] (BF16 reinterpreted, not
     cast from its raw integers); anything else is unusable input (validate: MB019)."""
     info = ref.info
-    if info.dtype not in spec.ROUTER_DTYPES or info.shape != (experts, hidden):
+    if router_problem(info.dtype, info.shape, experts, hidden, bias=False) is not None:
         raise InputError(
             f"{path}: router {ref.name} is {info.dtype}{list(info.shape)}, expected F16, BF16 "
             f"or F32 [{experts}, {hidden}] (MB019)"

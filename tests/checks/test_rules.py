@@ -23,6 +23,8 @@ M1 = "r7-experts-layer-001.json"
 MTP = "model-mtp.safetensors"
 E0 = "model.layers.1.mlp.experts.0"
 R0 = "model.layers.3.mlp.experts.0"  # carried MTP layer, rank-sliced
+ROUTER = "model.layers.1.mlp.gate.weight"
+BIAS = "model.layers.1.mlp.gate.e_score_correction_bias"
 Q = "model.layers.0.self_attn.q_proj"  # mcg linear of the plain EXL3 checkpoint
 K = "model.layers.0.self_attn.k_proj"  # mul1 linear
 
@@ -268,6 +270,10 @@ CASES = [
     Case("R7060", "r7", tail(lambda t: t.pop("r7_compat_role"))),
     Case("R7060", "r7", tail(lambda t: t.update(moe_layers=[2, 3])), id="overlap"),
     Case("R7070", "r7", lambda r: None, ValidateOptions(tp=3)),
+    Case("R7071", "r7", put(ROUTER, "BF16", np.zeros((3, 128), "<u2")), id="router-experts"),
+    Case("R7071", "r7", put(ROUTER, "BF16", np.zeros((4, 2, 64), "<u2")), id="router-rank"),
+    Case("R7071", "r7", put(ROUTER, "I16", np.zeros((4, 128), "<i2")), id="router-dtype"),
+    Case("R7071", "r7", put(BIAS, "F32", np.zeros((5,), "<f4")), id="router-bias"),
     Case("RS001", "r7", tail(lambda t: t.update(bits="x"))),
     Case("RS001", "r7", tail(lambda t: t.update(format="fp8")), id="format"),
     Case("RS002", "r7", tail(lambda t: t.update(tensor_schema="model.layers.{L}.x"))),

@@ -1,0 +1,50 @@
+"""MoE routers: a layer's `mlp.gate.weight` scores every routed expert from the hidden state.
+
+It must be a 2-D float matrix [experts, hidden] (the runtime transposes it; a loader that finds
+another shape fails at boot). DeepSeek-style routers may add `mlp.gate.e_score_correction_bias`,
+a float vector [experts]. Shared by the MSRT base (MB019) and R7 (R7071) rule families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from exl3tool.findings import Findings, Rule
+from exl3tool.formats.checkpoint import Checkpoint
+
+FLOAT_DTYPES = frozenset(("F16", "BF16", "F32"))
+
+
+def router_problem(
+    dtype: str, shape: tuple[int, ...], experts: int | None, hidden: int | None, *, bias: bool
+) -> str | None:
+    """Why a router weight (or its correction bias) is unusable, or None."""
+    want = (experts,) if bias else (experts, hidden)
+    ok = (
+        dtype in FLOAT_DTYPES
+        and len(shape) == len(want)
+        and all(w is None or s == w for s, w in zip(shape, want, strict=True))
+    )
+    if ok:
+        return None
+    shown = [w if w is not None else "?" for w in want]
+    return f"{dtype}{list(shape)}, expected F16/BF16/F32 {shown}"
+
+
+def check_routers(
+    ckpt: Checkpoint,
+    layers: Iterable[int],
+    experts: int | None,
+    hidden: int | None,
+    rule: Rule,
+    findings: Findings,
+) -> None:
+    """Report each stored router tensor of `layers` that is not [experts, hidden] / [experts]."""
+    for layer in layers:
+        for suffix, bias in (("weight", False), ("e_score_correction_bias", True)):
+            ref = ckpt.tensors.get(f"model.layers.{layer}.mlp.gate.{suffix}")
+            if ref is None:
+                continue
+            why = router_problem(ref.info.dtype, ref.info.shape, experts, hidden, bias=bias)
+            if why is not None:
+                findings.add(rule, why, file=ref.file, tensor=ref.name)
