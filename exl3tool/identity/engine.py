@@ -13,9 +13,8 @@ import hashlib
 import os
 import threading
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from exl3tool.errors import InputError, UsageError
 from exl3tool.io.safetensors import SafetensorsFile, TensorInfo
@@ -39,9 +38,9 @@ class ProgressLike(Protocol):
     def advance(self, n: int = 1) -> None: ...
 
 
-@dataclass(frozen=True)
-class Segment:
-    """Absolute byte range [start, end) of a file, fed to a hasher in order."""
+class Segment(NamedTuple):
+    """Absolute byte range [start, end) of a file, fed to a hasher in order (a tuple: one is
+    made per tensor of a checkpoint, 100k+ of them)."""
 
     path: Path
     start: int

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from exl3tool.errors import UsageError
 from exl3tool.formats.checkpoint import Checkpoint
@@ -35,8 +35,7 @@ ROOT_DOMAIN = b"exl3tool-identity/1:root\n"
 OTHER = "other"
 
 
-@dataclass(frozen=True)
-class TensorDigest:
+class TensorDigest(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     digest: str
@@ -97,11 +96,15 @@ def parse_layers(spec: str) -> frozenset[str]:
     return frozenset(out)
 
 
+def _name(entry: tuple[str, TensorDigest]) -> str:
+    return entry[0]
+
+
 def layer_digest(algo: str, key: str, entries: list[tuple[str, TensorDigest]]) -> str:
     body = {
         "algorithm": algo,
         "layer": key,
-        "tensors": [[n, t.dtype, list(t.shape), t.digest] for n, t in sorted(entries)],
+        "tensors": [[n, t.dtype, t.shape, t.digest] for n, t in sorted(entries, key=_name)],
     }
     h = new_hasher(algo)
     h.update(LAYER_DOMAIN + canonical_json(body))

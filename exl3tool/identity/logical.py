@@ -47,7 +47,7 @@ class PlanProblem:
     kind: str = "layout"  # "layout" (slices do not reassemble) | "replica" (copies differ)
 
 
-@dataclass
+@dataclass(slots=True)
 class LogicalTensor:
     name: str
     dtype: str

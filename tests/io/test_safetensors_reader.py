@@ -10,6 +10,7 @@ from pathlib import Path
 
 import corpus
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
@@ -188,3 +189,74 @@ def test_header_length_limits() -> None:
     _, fs = _parse(struct.pack("<Q", stmod.MAX_HEADER + 1) + b"{}")
     assert fs.codes() == {"ST002"}
     assert os.path.getsize(_TMP / "h.safetensors") == 10
+
+
+def _both_paths(data: bytes) -> tuple[tuple, tuple]:
+    """(tensors, metadata, findings) of read_header with its one-pass fast path, then with the
+    full checks only."""
+
+    def snap() -> tuple:
+        st_, fs = _parse(data)
+        tensors = None if st_ is None else dict(st_.tensors)
+        meta = None if st_ is None else st_.metadata
+        return tensors, meta, [(f.code, f.message, f.location) for f in fs]
+
+    fast = snap()
+    real = stmod._fast_entries
+    stmod._fast_entries = lambda header: None
+    try:
+        full = snap()
+    finally:
+        stmod._fast_entries = real
+    return fast, full
+
+
+_ODD_NAMES = ["a..b", "..", "a/b", "a\\\\b", "x\\u0001", "__metadata__", "a|b", "é.ü", "a..", ".a"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_fast_path_agrees_with_the_full_checks(d: st.DataObject) -> None:
+    """Whatever the header (valid, mutated bytes, odd names, odd values), the one-pass path
+    returns exactly what the full checks return: same tensors, metadata and findings."""
+    kind = d.draw(st.sampled_from(["valid", "mutated", "name", "value"]))
+    blob = bytearray(corpus.VALID["two-tensors-metadata"]())
+    if kind == "mutated":
+        for _ in range(d.draw(st.integers(1, 3))):
+            i = d.draw(st.integers(8, len(blob) - 1))
+            blob[i] = d.draw(st.integers(0, 255))
+    elif kind in ("name", "value"):
+        (n,) = struct.unpack("<Q", blob[:8])
+        text = blob[8 : 8 + n].decode()
+        if kind == "name":
+            new = d.draw(st.sampled_from(_ODD_NAMES))
+            text = text.replace('"a"', f'"{new}"', 1) if '"a"' in text else text
+        else:
+            old = d.draw(st.sampled_from(['"F32"', "[", "]", ",", ":"]))
+            new = d.draw(st.sampled_from(['"F16"', '"X"', "1.0", "true", "[[1]]", "-1", "{}", ""]))
+            text = text.replace(old, new, 1)
+        raw = text.encode()
+        blob = bytearray(struct.pack("<Q", len(raw)) + raw + bytes(blob[8 + n :]))
+    fast, full = _both_paths(bytes(blob))
+    assert fast == full
+
+
+@settings(max_examples=60, deadline=None)
+@given(tensor_sets())
+def test_fast_path_takes_every_valid_file(tensors: dict[str, np.ndarray]) -> None:
+    buf = io.BytesIO()
+    write_arrays(buf, tensors, metadata={"k": "v"})
+    fast, full = _both_paths(buf.getvalue())
+    assert fast == full and (not fast[2] or not tensors)  # an empty header is ST022
+
+
+@pytest.mark.parametrize(
+    "meta", ["null", "[]", "1", '{"a": 1}', '{"a": "b", "a": "c"}', '{"a": "b"}', '"x"', "{}"]
+)
+def test_fast_path_agrees_on_metadata(meta: str) -> None:
+    body = (
+        f'{{"__metadata__": {meta}, "t": {{"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}}}}'
+    )
+    raw = body.encode().ljust(-(-len(body) // 8) * 8)
+    fast, full = _both_paths(struct.pack("<Q", len(raw)) + raw + bytes(8))
+    assert fast == full
