@@ -255,8 +255,13 @@ def stage_cartridge(
     force: bool = False,
     threads: int | None = None,
     progress: Any = None,
+    reuse_base_identity: bool = False,
 ) -> StageResult:
-    """Stage `adapter` for `base` at TP size `tp` into `out`; raise StageError with the findings."""
+    """Stage `adapter` for `base` at TP size `tp` into `out`; raise StageError with the findings.
+
+    `reuse_base_identity`: verify the base's bytes once per process while its shards are
+    unchanged (`identity.compat.cached_compat_identity`; verify-swap stages up to three times).
+    """
     out = Path(out).absolute()
     if tp is not None and tp < 1:
         raise UsageError("--tp must be >= 1")
@@ -267,7 +272,9 @@ def stage_cartridge(
     src = load_cartridge(Path(adapter), findings)
     if src.entry_file is not None and src.entry_file != spec.ADAPTER_CONFIG:
         raise UsageError("stage-cartridge takes the adapter directory, not a shard file")
-    binfo = load_base_info(Path(base), findings, recompute=True, threads=threads)
+    binfo = load_base_info(
+        Path(base), findings, recompute=True, threads=threads, reuse=reuse_base_identity
+    )
     _fail(findings, "the adapter or the base cannot be staged")
     assert binfo is not None and src.manifest is not None
     world = tp if tp is not None else (src.world_size if src.layout == "rank-sharded" else 1)

@@ -45,16 +45,22 @@ class BaseInfo:
 
 
 def load_base_info(
-    base: Path, findings: Findings, *, recompute: bool, threads: int | None = None
+    base: Path,
+    findings: Findings,
+    *,
+    recompute: bool,
+    threads: int | None = None,
+    reuse: bool = False,
 ) -> BaseInfo | None:
-    """Read a base's profile; with `recompute` its identity comes from the tensor bytes (§6.4).
+    """Read a base's profile; with `recompute` its identity comes from the tensor bytes (§6.4),
+    with `reuse` at most once per process while the shards are unchanged (verify-swap).
 
     Problems with the base (not an exl3-msrt-base/1, identity not self-consistent or not matching
     its bytes) are CA070 findings: the runtime refuses a base without a verified identity.
     """
     from exl3tool.checks.base import base_k
     from exl3tool.formats.checkpoint import load_checkpoint
-    from exl3tool.identity.compat import compat_identity, root_digest
+    from exl3tool.identity.compat import cached_compat_identity, compat_identity, root_digest
 
     base = Path(base)
     local = Findings()
@@ -76,7 +82,11 @@ def load_base_info(
             f"{base}: the base's compatibility_sha256 does not match its compatibility_by_layer",
         )
     if recompute and k is not None:
-        ident = compat_identity(ckpt, k=k, threads=threads)
+        ident = (
+            cached_compat_identity(ckpt, k=k, threads=threads)
+            if reuse
+            else compat_identity(ckpt, k=k, threads=threads)
+        )
         if ident.root != root or ident.layers != by_layer:
             findings.add(
                 ca.CA_BASE_KIND,

@@ -207,3 +207,31 @@ def compat_identity(
 
 
 _MCG_SHA = hashlib.sha256(MCG_BYTES).hexdigest()
+
+
+_BASE_CACHE: dict[tuple[Any, ...], CompatIdentity] = {}
+_BASE_CACHE_SIZE = 4
+
+
+def cached_compat_identity(
+    ckpt: Checkpoint, *, k: int, threads: int | None = None
+) -> CompatIdentity:
+    """`compat_identity` of a base, computed once per process while none of its shards changes.
+
+    `verify-swap` stages a cartridge up to three times against the same base (load, swap,
+    rollback), and staging verifies the base's identity from its bytes: hundreds of GB each
+    time on a real base. The key holds every shard's (dev, inode, size, mtime_ns, ctime_ns)
+    from when its header was read, so any write to a shard (which moves its ctime) recomputes.
+    """
+    key = (
+        str(ckpt.root.resolve()),
+        k,
+        tuple(sorted((label, st.stamp) for label, st in ckpt.shards.items())),
+    )
+    hit = _BASE_CACHE.get(key)
+    if hit is None:
+        hit = compat_identity(ckpt, k=k, threads=threads)
+        while len(_BASE_CACHE) >= _BASE_CACHE_SIZE:
+            _BASE_CACHE.pop(next(iter(_BASE_CACHE)))
+        _BASE_CACHE[key] = hit
+    return hit

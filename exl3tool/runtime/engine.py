@@ -89,7 +89,9 @@ def stage_adapter(adapter: Path, base: Path, world_size: int, out: Path) -> tupl
     rank-sharded for TP); returns it and the source manifest's sha256 it recorded."""
     from exl3tool.cartridge.stage import stage_cartridge
 
-    result = stage_cartridge(Path(adapter), Path(base), out=out, tp=world_size)
+    result = stage_cartridge(
+        Path(adapter), Path(base), out=out, tp=world_size, reuse_base_identity=True
+    )
     return out, str(result.staging["adapter_manifest_sha256"])
 
 

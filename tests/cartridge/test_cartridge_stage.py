@@ -162,3 +162,36 @@ def test_leftovers_of_a_killed_run_are_cleaned(msrt, src, tmp_path):
     (leftover / "half.safetensors").write_bytes(b"x")
     stage_cartridge(src, msrt["base"], out=tmp_path / "out")
     assert not leftover.exists()
+
+
+def test_base_identity_is_reused_only_when_asked_and_while_unchanged(
+    msrt, src, tmp_path, monkeypatch
+):
+    """verify-swap stages up to three times: with reuse_base_identity the base's bytes are
+    hashed once per process, again as soon as a shard's stamp moves, and every time without."""
+    import os
+    import shutil
+
+    from exl3tool.identity import compat
+
+    base = tmp_path / "base"
+    shutil.copytree(msrt["base"], base)
+    calls = []
+    real = compat.compat_identity
+    monkeypatch.setattr(compat, "compat_identity", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(compat, "_BASE_CACHE", {})
+
+    def stage(i: int, reuse: bool) -> None:
+        stage_cartridge(src, base, out=tmp_path / f"o{i}", reuse_base_identity=reuse)
+
+    stage(0, True)
+    stage(1, True)
+    assert len(calls) == 1
+    shard = next(base.glob("*.safetensors"))
+    st = shard.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # ctime moves too
+    stage(2, True)
+    assert len(calls) == 2
+    stage(3, False)
+    stage(4, False)
+    assert len(calls) == 4
