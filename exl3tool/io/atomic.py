@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,9 +75,12 @@ def _unlock(fd: int | None) -> None:
         os.close(fd)
 
 
+FRESH_S = 60.0  # a sibling younger than this may be a live run's, between mkdtemp and flock
+
+
 def remove_stale_temps(target: Path) -> list[Path]:
     """Remove the hidden siblings (`.NAME.tmp-*`, `.NAME.old-*`) of target that no running
-    process holds (a killed run's leftovers); returns what was removed."""
+    process holds (a killed run's leftovers, at least FRESH_S old); returns what was removed."""
     target = Path(target).absolute()
     parent = target.parent
     if sys.platform == "win32" or not parent.is_dir():
@@ -84,7 +89,11 @@ def remove_stale_temps(target: Path) -> list[Path]:
     for e in parent.iterdir():
         if not e.name.startswith((f".{target.name}.tmp-", f".{target.name}.old-")):
             continue
-        if e.is_symlink() or not e.is_dir():
+        try:
+            st = e.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or time.time() - st.st_mtime < FRESH_S:
             continue
         fd = _lock_dir(e, wait=False)
         if fd is None:  # in use by a live run

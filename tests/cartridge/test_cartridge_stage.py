@@ -157,9 +157,12 @@ def test_symlinked_shard_refused(msrt, src, tmp_path):
 
 
 def test_leftovers_of_a_killed_run_are_cleaned(msrt, src, tmp_path):
+    import os
+
     leftover = tmp_path / ".out.tmp-deadbeef"
     leftover.mkdir()
     (leftover / "half.safetensors").write_bytes(b"x")
+    os.utime(leftover, (1e9, 1e9))  # long ago: no live run is between mkdtemp and flock
     stage_cartridge(src, msrt["base"], out=tmp_path / "out")
     assert not leftover.exists()
 

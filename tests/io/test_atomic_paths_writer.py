@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -82,14 +83,21 @@ def test_replaced_with_force(tmp_path: Path) -> None:
 def test_stale_temps_are_removed_but_a_live_runs_are_not(tmp_path: Path) -> None:
     """Two runs writing the same OUT: the second one's clean-up must not delete the first one's
     temporary directory while it is being written (it holds a flock); a killed run's is gone."""
+    old = time.time() - 3600
     stale = tmp_path / ".out.tmp-killed"
     stale.mkdir()
     (stale / "half.safetensors").write_bytes(b"x")
+    fresh = tmp_path / ".out.tmp-starting"  # made a moment ago: maybe not locked yet
+    fresh.mkdir()
     other = tmp_path / ".other.tmp-1"  # another target's temp: not ours to touch
     other.mkdir()
+    for d in (stale, other):
+        os.utime(d, (old, old))
     with atomic_dir(tmp_path / "out") as live:
         (live / "a").write_bytes(b"a")
+        os.utime(live, (old, old))  # old, but held by this live run
         assert remove_stale_temps(tmp_path / "out") == [stale]
+        assert fresh.is_dir()
         assert live.is_dir() and (live / "a").read_bytes() == b"a"
     assert (tmp_path / "out" / "a").read_bytes() == b"a"
     assert not stale.exists() and other.is_dir()
