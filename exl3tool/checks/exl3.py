@@ -9,8 +9,15 @@ from typing import Any
 
 from exl3tool.checks import checkpoint_rules as ck
 from exl3tool.checks import exl3_rules as ex
-from exl3tool.checks.checkpoint import FiniteCheck, RandomAccessReader, read_scalar_i32
+from exl3tool.checks.checkpoint import (
+    FiniteCheck,
+    RandomAccessReader,
+    config_int,
+    expert_count,
+    read_scalar_i32,
+)
 from exl3tool.checks.options import ValidateOptions
+from exl3tool.checks.routers import check_routers
 from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import (
@@ -23,6 +30,7 @@ from exl3tool.formats.exl3 import (
     group_linears,
     k_of_last_dim,
 )
+from exl3tool.formats.names import layer_of
 from exl3tool.io.dtypes import TORCH_NAMES
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.io.views import TensorReader
@@ -386,3 +394,7 @@ def check_exl3(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -
     if ckpt.single_file is None:
         check_tensor_storage(ckpt, groups, findings)
         check_config_drift(ckpt, findings)
+    moe = sorted({layer_of(n) for n in ckpt.tensors if ".mlp.experts." in n} - {None})
+    count = expert_count(ckpt.config)
+    hidden = config_int(ckpt.config, "hidden_size")
+    check_routers(ckpt, moe, count[1] if count else None, hidden, ex.EX_ROUTER, findings)

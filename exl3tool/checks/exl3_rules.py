@@ -204,3 +204,12 @@ EX_CONFIG_DRIFT = rule(
     "The converter writes the same dict into both (plus tensor_storage in the file, §2).",
     "Copy the embedded quantization_config into quantization_config.json (or back).",
 )
+EX_ROUTER = rule(
+    "EX028",
+    "router-shape",
+    E,
+    "Router weight is not a float [experts, hidden] matrix",
+    "In a MoE layer (one holding `mlp.experts.*`), `mlp.gate.weight` is [routed experts, "
+    "hidden_size] (its optional `e_score_correction_bias` [routed experts]) in F16, BF16 or F32.",
+    "Store the router as [experts, hidden] (bias [experts]) in F16, BF16 or F32.",
+)

@@ -24,6 +24,7 @@ MTP = "model-mtp.safetensors"
 E0 = "model.layers.1.mlp.experts.0"
 R0 = "model.layers.3.mlp.experts.0"  # carried MTP layer, rank-sliced
 ROUTER = "model.layers.1.mlp.gate.weight"
+EXL3_ROUTER = ROUTER  # the plain EXL3 fixture's MoE layer is layer 1 too
 BIAS = "model.layers.1.mlp.gate.e_score_correction_bias"
 Q = "model.layers.0.self_attn.q_proj"  # mcg linear of the plain EXL3 checkpoint
 K = "model.layers.0.self_attn.k_proj"  # mul1 linear
@@ -373,6 +374,8 @@ CASES = [
     Case("EX025", "exl3", storage(lambda s: s[Q]["stored_tensors"].pop(f"{Q}.suh")), id="no-suh"),
     Case("EX026", "exl3", storage(lambda s: s[K].update(mcg_multiplier=3417055213))),
     Case("EX027", "exl3", config(lambda c: c["quantization_config"].update(bits=9.99))),
+    Case("EX028", "exl3", put(EXL3_ROUTER, "F16", np.zeros((3, 256), "<f2"))),
+    Case("EX028", "exl3", put(EXL3_ROUTER, "F16", np.zeros((4, 2, 128), "<f2")), id="rank"),
 ]
 
 
