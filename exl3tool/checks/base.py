@@ -110,7 +110,7 @@ def _tensors(ckpt: Checkpoint, tail: dict[str, Any], k: int | None, findings: Fi
     ks: dict[Any, str] = {}
     from exl3tool.cartridge.spec import base_sizes
 
-    hidden, inter, _n = base_sizes(ckpt.config)
+    hidden, inter, n_experts = base_sizes(ckpt.config)
     with TensorReader() as rd:
         for (layer, expert, proj), parts in sorted(comps.items()):
             layers[layer].add(expert)
@@ -212,7 +212,7 @@ def _tensors(ckpt: Checkpoint, tail: dict[str, Any], k: int | None, findings: Fi
             pointer=_PTR + "/moe_layers",
         )
     epl = tail.get("experts_per_layer")
-    experts = epl if type(epl) is int else _n
+    experts = epl if type(epl) is int else n_experts
     check_routers(ckpt, sorted(layers), experts, hidden, mb.MB_ROUTER, findings)
     if type(epl) is int:
         for layer, es in sorted(layers.items()):

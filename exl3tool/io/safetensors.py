@@ -17,7 +17,7 @@ from pathlib import Path
 from exl3tool.findings import Findings
 from exl3tool.io import rules
 from exl3tool.io.dtypes import BITS
-from exl3tool.io.strict_json import MAX_INT, has_lone_surrogate, raw_decode, walk_issues
+from exl3tool.io.strict_json import has_lone_surrogate, raw_decode, walk_issues
 
 MAX_HEADER = 100_000_000
 MAX_INT48 = 2**48 - 1
@@ -178,7 +178,7 @@ def _parse_header(raw: bytes, out: SafetensorsFile, findings: Findings) -> bool:
         out.metadata = dict(meta) if meta is not None else None
         out.tensors = fast
         return True
-    for issue in () if _plain_header(header) else walk_issues(header):
+    for issue in walk_issues(header):
         if issue.kind == "huge_int":
             continue  # shape/data_offsets checks report it under the right rule (ST011/ST012)
         r = {
@@ -255,22 +255,6 @@ def _fast_entries(header: dict) -> dict[str, TensorInfo] | None:
     return out
 
 
-def _plain_header(header: dict) -> bool:
-    """True when the usual header shape leaves `walk_issues` nothing to find: no duplicate keys,
-    no floats, nothing nested deeper than {name: {field: [int, ...]}}, ints within 64 bits."""
-    if getattr(header, "duplicates", ()):
-        return False
-    for entry in header.values():
-        if not isinstance(entry, dict) or getattr(entry, "duplicates", ()):
-            return False
-        for v in entry.values():
-            if type(v) is str:
-                continue
-            if type(v) is not list or not all(type(d) is int and abs(d) <= MAX_INT for d in v):
-                return False
-    return True
-
-
 def _valid_int_list(v: object, n: int | None = None) -> bool:
     return (
         type(v) is list
@@ -280,21 +264,6 @@ def _valid_int_list(v: object, n: int | None = None) -> bool:
 
 
 def _entry(name: str, entry: object, label: str, findings: Findings) -> TensorInfo | None:
-    # Fast path for the common, valid entry (headers of 100k tensors are parsed at start-up);
-    # anything unusual falls through to the checks below, which report it.
-    if isinstance(entry, dict) and len(entry) == 3:
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if (
-            type(dtype) is str
-            and dtype in BITS
-            and _valid_int_list(shape)
-            and _valid_int_list(offsets, 2)
-            and offsets[0] <= offsets[1]  # type: ignore[index]
-            and not _UNSAFE_NAME.search(name)
-        ):
-            bits = math.prod(shape) * BITS[dtype]  # type: ignore[arg-type]
-            if bits % 8 == 0 and bits // 8 == offsets[1] - offsets[0]:  # type: ignore[index]
-                return TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])  # type: ignore[arg-type,index]
     shown = escape_name(name)
     ptr = "/" + name.replace("~", "~0").replace("/", "~1")
     if is_unsafe_name(name):
