@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from exl3tool.cartridge.model import load_cartridge
-from exl3tool.cartridge.stage import copy_verified, stage_cartridge
-from exl3tool.findings import Findings
+from exl3tool.formats.cartridge import load_cartridge
+from exl3tool.rules.registry import Findings
+from exl3tool.staging.stage import copy_verified, stage_cartridge
 from exl3tool.synth.msrt import build_adapter, build_base
 
 

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from exl3tool.actions.validate import validate_path
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.checks.validate import validate_path
 from exl3tool.synth.r7 import R7Spec, build_r7
 
 GLM52 = R7Spec(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from exl3tool.findings import all_rules, family_of
+from exl3tool.rules.registry import all_rules, family_of
 
 RULES_MD = Path(__file__).resolve().parents[1] / "docs" / "rules.md"
 COMMANDS_DIR = RULES_MD.parent / "commands"

@@ -16,7 +16,7 @@ for pkg in ("exl3tool.io", "exl3tool.formats", "exl3tool.checks", "exl3tool.repo
     mod = importlib.import_module(pkg)
     for info in pkgutil.walk_packages(mod.__path__, pkg + "."):
         importlib.import_module(info.name)
-from exl3tool.findings import all_rules
+from exl3tool.rules.registry import all_rules
 all_rules()
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "triton", "exllamav3"))
 print(",".join(heavy))

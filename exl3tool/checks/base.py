@@ -9,35 +9,31 @@ every routed-expert payload (hundreds of GB on a real base), so it runs only und
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from exl3tool.cartridge import spec
-from exl3tool.checks import base_rules as mb
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.routers import check_routers
-from exl3tool.findings import Findings
+from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.names import PROJECTIONS, parse_expert
+from exl3tool.io import schemas
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.io.views import TensorReader
+from exl3tool.rules import base as mb
+from exl3tool.rules.registry import Findings
 
 KIND = "msrt-base"
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "exl3-msrt-base-1.schema.json"
+SCHEMA_FILE = "exl3-msrt-base-1.schema.json"
 _PTR = "/hybrid_tr3_tail"
 _SUMLINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
 
 
-@functools.cache
 def _validator() -> Any:
-    import jsonschema
-
-    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text(encoding="utf-8")))
+    return schemas.validator(SCHEMA_FILE)
 
 
 def base_k(tail: Any) -> int | None:
@@ -108,7 +104,7 @@ def _tensors(ckpt: Checkpoint, tail: dict[str, Any], k: int | None, findings: Fi
         comps[(en.layer, en.expert, en.proj)][en.field] = ref
     layers: dict[int, set[int]] = defaultdict(set)
     ks: dict[Any, str] = {}
-    from exl3tool.cartridge.spec import base_sizes
+    from exl3tool.formats.msrt_spec import base_sizes
 
     hidden, inter, n_experts = base_sizes(ckpt.config)
     with TensorReader() as rd:

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exl3tool.cartridge import spec
-from exl3tool.cartridge.manifest_check import check_manifest, ints
-from exl3tool.cartridge.model import Cartridge, load_cartridge
-from exl3tool.cartridge.tensor_check import Geometry, check_tensors
-from exl3tool.checks import cartridge_rules as ca
+from exl3tool.checks.cartridge_manifest import check_manifest, ints
+from exl3tool.checks.cartridge_tensors import Geometry, check_tensors
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.findings import Findings
+from exl3tool.formats import msrt_spec as spec
+from exl3tool.formats.cartridge import Cartridge, load_cartridge
 from exl3tool.io.strict_json import pointer_join
+from exl3tool.rules import cartridge as ca
+from exl3tool.rules.registry import Findings
 
 KIND = "cartridge"
 

@@ -3,8 +3,6 @@ finiteness reads over mmap views, and a lazy digest cache over the hashing engin
 
 from __future__ import annotations
 
-import functools
-import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -16,41 +14,12 @@ import numpy as np
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats.checkpoint import TensorRef
 from exl3tool.io.safetensors import SafetensorsFile, TensorInfo
+from exl3tool.io.schemas import schema_errors, validator  # noqa: F401 (re-exported for the families)
 from exl3tool.io.strict_json import is_json_int
 from exl3tool.io.views import TensorReader
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
-
-
-# --- JSON Schema -----------------------------------------------------------------------------
-
-
-@functools.cache
-def validator(name: str) -> Any:
-    """A draft 2020-12 validator for `schemas/<name>` (jsonschema is imported on first use)."""
-    import jsonschema
-
-    schema = json.loads((SCHEMA_DIR / name).read_text())
-    return jsonschema.Draft202012Validator(schema)
-
-
-def schema_errors(name: str, value: Any) -> list[tuple[str, str, tuple[Any, ...]]]:
-    """(JSON pointer, message, path) of every schema violation, sorted by pointer."""
-    from exl3tool.io.strict_json import pointer_join
-
-    out = []
-    for err in validator(name).iter_errors(value):
-        path = tuple(err.absolute_path)
-        if err.validator == "required":  # point at the missing member, not its parent
-            missing = re.findall(r"'([^']*)' is a required property", err.message)
-            path = (*path, *missing[:1])
-        ptr = ""
-        for tok in path:
-            ptr = pointer_join(ptr, tok)
-        out.append((ptr, err.message, path))
-    return sorted(out, key=lambda e: e[0])
 
 
 # --- config helpers ------------------------------------------------------------------------
@@ -283,9 +252,9 @@ class Digests:
 
     def files(self, labels: Iterable[str]) -> dict[str, str | None]:
         """sha256 per relative file; None for a file that cannot be read."""
-        from exl3tool.errors import InputError
         from exl3tool.identity.engine import hash_files
-        from exl3tool.report.progress import progress_bar
+        from exl3tool.io.progress import progress_bar
+        from exl3tool.rules.errors import InputError
 
         todo = sorted({lb for lb in labels if lb not in self._files})
         ok = [lb for lb in todo if (self.root / lb).is_file()]
@@ -304,7 +273,7 @@ class Digests:
 
     def tensors(self, refs: Iterable[TensorRef]) -> dict[str, str]:
         from exl3tool.identity.engine import hash_tensors
-        from exl3tool.report.progress import progress_bar
+        from exl3tool.io.progress import progress_bar
 
         items = [(r.name, r.shard, r.info) for r in refs]
         total = sum(i.nbytes for _, _, i in items)

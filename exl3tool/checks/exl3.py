@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from exl3tool.checks import checkpoint_rules as ck
-from exl3tool.checks import exl3_rules as ex
 from exl3tool.checks.checkpoint import (
     FiniteCheck,
     RandomAccessReader,
@@ -18,7 +16,6 @@ from exl3tool.checks.checkpoint import (
 )
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.routers import check_routers
-from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import (
     HALF_K,
@@ -34,6 +31,9 @@ from exl3tool.formats.names import layer_of
 from exl3tool.io.dtypes import TORCH_NAMES
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.io.views import TensorReader
+from exl3tool.rules import checkpoint as ck
+from exl3tool.rules import exl3 as ex
+from exl3tool.rules.registry import Findings
 
 MARKER_VALUES = {"mcg": MCG_MARKER, "mul1": MUL1_MARKER}
 MULTIPLIERS = {

@@ -13,8 +13,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from exl3tool.checks import checkpoint_rules as ck
-from exl3tool.checks import r7_rules as r7
 from exl3tool.checks.checkpoint import (
     Digests,
     ExpertTable,
@@ -39,13 +37,15 @@ from exl3tool.checks.rank_sliced import (
     tail_layers,
 )
 from exl3tool.checks.routers import check_routers
-from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.paths import relative_path_problem
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.io.views import TensorReader
+from exl3tool.rules import checkpoint as ck
+from exl3tool.rules import r7 as r7
+from exl3tool.rules.registry import Findings
 
 SCHEMA_ID = "r7-complete-v2-checkpoint-v1"
 MARKER = "CODEX_ROUND7"

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exl3tool.checks import r7_rules as r7
 from exl3tool.checks.checkpoint import (
     ExpertTable,
     FiniteCheck,
@@ -23,12 +22,13 @@ from exl3tool.checks.exl3 import (
     flush_payload_checks,
 )
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.io.views import TensorReader
+from exl3tool.rules import r7 as r7
+from exl3tool.rules.registry import Findings
 
 TENSOR_SCHEMA = "model.layers.{L}.mlp.experts.{E}.{proj}.rank{r}.{trellis|suh|svh|mcg}"
 SHARED_H_SCHEMA = "model.layers.{L}.mlp.experts.shared_h.{proj}.rank{r}.{suh|svh}"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from exl3tool.findings import Findings, Rule
 from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.rules.registry import Findings, Rule
 
 FLOAT_DTYPES = frozenset(("F16", "BF16", "F32"))
 

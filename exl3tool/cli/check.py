@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from exl3tool.cli.common import FormatOpt, OutputOpt, check_format, handle_errors
-from exl3tool.errors import InputError, UsageError
+from exl3tool.rules.errors import InputError, UsageError
 
 
 @handle_errors
@@ -46,12 +46,12 @@ def check(
     validate --hash, identity match, TP slicing, staging and verify-swap, as exl3tool.toml
     declares or as inferred from each artifact's kind. Exit 0 clean, 1 findings, 2 usage
     error, 3 unreadable PATH."""
-    from exl3tool.findings import Findings
-    from exl3tool.gate import config as gate_config
-    from exl3tool.gate.infer import infer
-    from exl3tool.gate.run import resolve_arg, run_check
-    from exl3tool.report import progress
+    from exl3tool.actions.gate import config as gate_config
+    from exl3tool.actions.gate.infer import infer
+    from exl3tool.actions.gate.run import resolve_arg, run_check
+    from exl3tool.io import progress
     from exl3tool.report.render import emit, render_string
+    from exl3tool.rules.registry import Findings
 
     check_format(fmt)
     progress.set_quiet(quiet)
@@ -88,7 +88,7 @@ def check(
         report = run_check(cfg, findings, notes, on_step=bar.update if bar else None)
 
     if fmt == "text":
-        from exl3tool.gate import summary
+        from exl3tool.actions.gate import summary
 
         if output is not None:
             from exl3tool.io.atomic import write_bytes_atomic
@@ -108,7 +108,7 @@ def check(
 
 
 def _hf_ref(arg: str) -> object | None:
-    from exl3tool.gate.hf import parse_hf_id
+    from exl3tool.actions.gate.hf import parse_hf_id
 
     return parse_hf_id(arg)
 
@@ -147,6 +147,6 @@ class _Status:
 
 
 def _status(quiet: bool) -> _Status | nullcontext[None]:
-    from exl3tool.report import progress
+    from exl3tool.io import progress
 
     return _Status() if not quiet and progress.enabled() else nullcontext(None)

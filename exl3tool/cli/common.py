@@ -10,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from exl3tool.errors import Exl3ToolError
+from exl3tool.rules.errors import Exl3ToolError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

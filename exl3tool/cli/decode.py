@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from exl3tool.cli.common import EXIT_FINDINGS, EXIT_USAGE, fail, handle_errors
-from exl3tool.findings import Findings
+from exl3tool.rules.registry import Findings
 
 
 def _emit(path: Path, findings: Findings) -> None:
@@ -21,9 +21,9 @@ def _emit(path: Path, findings: Findings) -> None:
 
 def decode_linear(path: Path, prefix: str, *, rotated: bool, device: str, findings: Findings):
     """fp16 numpy [out, in] of PREFIX (W_eff, or Ŵ with rotated), or None with findings added."""
-    from exl3tool.checks import decode_rules as dc
     from exl3tool.formats.checkpoint import load_checkpoint
     from exl3tool.io.views import TensorReader
+    from exl3tool.rules import decode as dc
 
     ckpt = load_checkpoint(path, findings, need_config=False)
     if findings.has_errors():

@@ -11,11 +11,11 @@ from typing import Annotated, Any
 import typer
 
 from exl3tool.cli.common import check_format, handle_errors
-from exl3tool.errors import InputError, UsageError
-from exl3tool.findings import Findings
 from exl3tool.identity.engine import ALGORITHMS, check_algo
 from exl3tool.identity.fast import SCHEMA
 from exl3tool.io.atomic import write_bytes_atomic
+from exl3tool.rules.errors import InputError, UsageError
+from exl3tool.rules.registry import Findings
 
 
 def _record_or_none(path: Path) -> dict[str, Any] | None:

@@ -12,8 +12,6 @@ from typing import Annotated, Any
 import typer
 
 from exl3tool.cli.common import check_format, fail, handle_errors
-from exl3tool.errors import UsageError
-from exl3tool.findings import Findings
 from exl3tool.formats.detect import Kind
 from exl3tool.identity.artifact import open_artifact
 from exl3tool.identity.engine import ALGORITHMS, check_algo, hash_files
@@ -26,6 +24,8 @@ from exl3tool.identity.fast import (
 )
 from exl3tool.identity.logical import build_plan
 from exl3tool.io.atomic import atomic_file
+from exl3tool.rules.errors import UsageError
+from exl3tool.rules.registry import Findings
 
 AlgoOpt = Annotated[
     str | None,
@@ -40,7 +40,7 @@ def _hash(
     threads: int | None,
     compat: bool | None,
 ) -> tuple[Identity, Kind, Findings, Any]:
-    from exl3tool.report.progress import progress_bar
+    from exl3tool.io.progress import progress_bar
 
     ckpt, kind, findings = open_artifact(path)
     plan = select(build_plan(ckpt), parse_layers(spec) if spec else None)
@@ -56,8 +56,8 @@ def _hash(
 def _artifact_findings(
     ident: Identity, kind: Kind, findings: Findings, ckpt: Any, label: str
 ) -> None:
-    from exl3tool.checks import identity_rules as ir
     from exl3tool.identity.compare import problem_findings, published_findings
+    from exl3tool.rules import identity as ir
 
     problem_findings(ident, findings, label)
     if kind is Kind.MSRT_BASE:
@@ -118,7 +118,7 @@ def _artifact_files(path: Path, exclude: Path | None) -> tuple[Path, list[str]]:
 
 def write_sha256sum(path: Path, target: Path, threads: int | None, force: bool) -> int:
     """Write a `sha256sum -c` manifest of the artifact's files (paths relative to it)."""
-    from exl3tool.report.progress import progress_bar
+    from exl3tool.io.progress import progress_bar
 
     root, rels = _artifact_files(path, target)
     total = sum((root / r).stat().st_size for r in rels)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from exl3tool.cli.common import check_format, handle_errors
-from exl3tool.errors import UsageError
+from exl3tool.rules.errors import UsageError
 
 PLOT_HINT = "--plot needs matplotlib: pip install 'exl3tool[plot]'"
 
@@ -35,7 +35,7 @@ def inspect(
         except ImportError:
             raise UsageError(PLOT_HINT) from None
         matplotlib.use("Agg")
-    from exl3tool.checks.validate import describe
+    from exl3tool.actions.validate import describe
 
     info, grid = describe(path)
     if plot is not None:

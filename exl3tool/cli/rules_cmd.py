@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from exl3tool.cli.common import check_format, handle_errors
-from exl3tool.findings import all_rules
+from exl3tool.rules.registry import all_rules
 
 
 @handle_errors

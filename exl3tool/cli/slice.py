@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from exl3tool.cli.common import EXIT_USAGE, check_format, fail, handle_errors
-from exl3tool.findings import Findings
+from exl3tool.rules.registry import Findings
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
@@ -135,7 +135,7 @@ def slice_cmd(
     if not dry_run and output is None:
         fail("slice needs -o OUT (or --dry-run)", EXIT_USAGE)
     opts = SliceOptions(tp, mode, layout, shard, force, verify, threads, sha256)
-    from exl3tool.report.progress import progress_bar
+    from exl3tool.io.progress import progress_bar
 
     try:
         total = _progress_total(Path(path))

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from exl3tool.cli.common import check_format, handle_errors
-from exl3tool.errors import UsageError
+from exl3tool.rules.errors import UsageError
 
 
 @handle_errors
@@ -44,11 +44,11 @@ def stage_cartridge(
         raise UsageError(f"--tp must be >= 1, got {tp}")
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
-    from exl3tool.cartridge.stage import StageError
-    from exl3tool.cartridge.stage import stage_cartridge as run
+    from exl3tool.io.progress import progress_bar
     from exl3tool.report.model import ArtifactRef, Report
-    from exl3tool.report.progress import progress_bar
     from exl3tool.report.render import emit
+    from exl3tool.staging.stage import StageError
+    from exl3tool.staging.stage import stage_cartridge as run
 
     total = _total_bytes(adapter)
     try:

@@ -9,7 +9,7 @@ import typer
 
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.cli.common import FormatOpt, OutputOpt, check_format, handle_errors
-from exl3tool.errors import UsageError
+from exl3tool.rules.errors import UsageError
 
 
 @handle_errors
@@ -51,9 +51,9 @@ def validate(
         raise UsageError(f"--tp must be >= 1, got {tp}")
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
-    from exl3tool.checks.validate import check_readable, validate_path
+    from exl3tool.actions.validate import check_readable, validate_path
+    from exl3tool.io.progress import set_quiet
     from exl3tool.report.model import Report
-    from exl3tool.report.progress import set_quiet
     from exl3tool.report.render import emit
 
     set_quiet(quiet)

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from exl3tool.cli.common import EXIT_USAGE, check_format, fail, handle_errors
-from exl3tool.errors import InputError, UsageError
+from exl3tool.rules.errors import InputError, UsageError
 
 
 def render_text(report: Any) -> str:

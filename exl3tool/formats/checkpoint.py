@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exl3tool.checks import checkpoint_rules as ck
-from exl3tool.errors import InputError
-from exl3tool.findings import Findings
-from exl3tool.io import rules as io_rules
 from exl3tool.io.jsonfile import read_json
 from exl3tool.io.paths import relative_path_problem
 from exl3tool.io.safetensors import SafetensorsFile, TensorInfo, read_header
+from exl3tool.rules import checkpoint as ck
+from exl3tool.rules import io as io_rules
+from exl3tool.rules.errors import InputError
+from exl3tool.rules.registry import Findings
 
 INDEX_NAME = "model.safetensors.index.json"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exl3tool.checks import checkpoint_rules as ck
-from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect
+from exl3tool.rules import checkpoint as ck
+from exl3tool.rules.registry import Findings
 
 # Container findings that do not change which bytes an identity covers: a cartridge has no
 # config.json or index, an index's bookkeeping does not decide what is stored.

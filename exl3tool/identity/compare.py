@@ -6,14 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exl3tool.checks import identity_rules as ir
-from exl3tool.errors import InputError
-from exl3tool.findings import Findings
 from exl3tool.formats.exl3 import k_of_last_dim
 from exl3tool.identity.compat import ROOT_SCHEMA, CompatIdentity
 from exl3tool.identity.engine import ALGORITHMS
 from exl3tool.identity.fast import OTHER, SCHEMA, Identity, parse_layers
 from exl3tool.io.jsonfile import read_json
+from exl3tool.rules import identity as ir
+from exl3tool.rules.errors import InputError
+from exl3tool.rules.registry import Findings
 
 _HEX = frozenset("0123456789abcdef")
 

@@ -16,9 +16,9 @@ from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from exl3tool.errors import InputError, UsageError
 from exl3tool.io.safetensors import SafetensorsFile, TensorInfo
 from exl3tool.io.views import MappedFile
+from exl3tool.rules.errors import InputError, UsageError
 
 ALGORITHMS = ("blake3", "sha256")
 K = TypeVar("K", bound=Hashable)

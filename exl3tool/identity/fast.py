@@ -16,7 +16,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from exl3tool.errors import UsageError
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.names import layer_of
 from exl3tool.identity.engine import (
@@ -28,6 +27,7 @@ from exl3tool.identity.engine import (
 )
 from exl3tool.identity.logical import LogicalPlan, PlanProblem, build_plan
 from exl3tool.io.strict_json import canonical_json
+from exl3tool.rules.errors import UsageError
 
 SCHEMA = "exl3tool-identity/1"
 LAYER_DOMAIN = b"exl3tool-identity/1:layer\n"

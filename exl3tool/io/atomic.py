@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from exl3tool.errors import OutputError
+from exl3tool.rules.errors import OutputError
 
 
 def fsync_path(path: Path) -> None:

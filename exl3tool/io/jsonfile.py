@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from exl3tool.findings import Findings
-from exl3tool.io import rules
 from exl3tool.io.strict_json import JsonIssue, loads
+from exl3tool.rules import io as rules
+from exl3tool.rules.registry import Findings
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 

@@ -14,10 +14,10 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exl3tool.findings import Findings
-from exl3tool.io import rules
 from exl3tool.io.dtypes import BITS
 from exl3tool.io.strict_json import has_lone_surrogate, raw_decode, walk_issues
+from exl3tool.rules import io as rules
+from exl3tool.rules.registry import Findings
 
 MAX_HEADER = 100_000_000
 MAX_INT48 = 2**48 - 1

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import TextIO
 
-from exl3tool.findings import Finding, Severity
 from exl3tool.report.model import Report
 from exl3tool.report.sarif import full_path, locate
+from exl3tool.rules.registry import Finding, Severity
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 

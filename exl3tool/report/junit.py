@@ -11,8 +11,8 @@ import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from exl3tool.findings import Finding, Severity, all_rules, family_of
 from exl3tool.report.model import Report
+from exl3tool.rules.registry import Finding, Severity, all_rules, family_of
 
 # Characters XML 1.0 cannot carry, even escaped (and lone surrogates, which cannot be encoded).
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")

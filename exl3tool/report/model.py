@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exl3tool import __version__
-from exl3tool.findings import Finding, Findings, Severity
+from exl3tool.rules.registry import Finding, Findings, Severity
 
 SCHEMA = "exl3tool-report/1"
 

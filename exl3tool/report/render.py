@@ -6,9 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from exl3tool.errors import UsageError
 from exl3tool.io.atomic import write_bytes_atomic
 from exl3tool.report.model import Report
+from exl3tool.rules.errors import UsageError
 
 FORMATS = ("text", "json", "sarif", "junit")
 

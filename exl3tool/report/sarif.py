@@ -16,8 +16,8 @@ from typing import Any
 from urllib.parse import quote
 
 from exl3tool import __version__
-from exl3tool.findings import Finding, Rule, Severity, all_rules, family_of
 from exl3tool.report.model import ArtifactRef, Report
+from exl3tool.rules.registry import Finding, Rule, Severity, all_rules, family_of
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 FINGERPRINT_KEY = "exl3toolFinding/v1"

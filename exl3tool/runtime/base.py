@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from exl3tool.cartridge import spec
 from exl3tool.checks.routers import router_problem
-from exl3tool.errors import InputError
-from exl3tool.findings import Findings
+from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef, load_checkpoint
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.views import TensorReader
+from exl3tool.rules.errors import InputError
+from exl3tool.rules.registry import Findings
 from exl3tool.runtime.linear import Exl3Linear
 from exl3tool.tp import linear as tp_linear
 from exl3tool.tp import ranges as tp_ranges

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from exl3tool.errors import Exl3ToolError
+from exl3tool.rules.errors import Exl3ToolError
 
 
 @dataclass

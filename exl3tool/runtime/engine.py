@@ -87,7 +87,7 @@ class Staged:
 def stage_adapter(adapter: Path, base: Path, world_size: int, out: Path) -> tuple[Path, str]:
     """Verified private copy via `stage-cartridge`'s code (every §9 check against the base,
     rank-sharded for TP); returns it and the source manifest's sha256 it recorded."""
-    from exl3tool.cartridge.stage import stage_cartridge
+    from exl3tool.staging.stage import stage_cartridge
 
     result = stage_cartridge(
         Path(adapter), Path(base), out=out, tp=world_size, reuse_base_identity=True
@@ -134,9 +134,9 @@ class SwapEngine:
             return self._stage(adapter)
 
     def _stage(self, adapter: Path) -> Staged:
-        from exl3tool.cartridge.model import load_cartridge
-        from exl3tool.cartridge.tables import materialize_tables
-        from exl3tool.findings import Findings
+        from exl3tool.formats.cartridge import load_cartridge
+        from exl3tool.formats.cartridge_tables import materialize_tables
+        from exl3tool.rules.registry import Findings
 
         tmp = Path(
             tempfile.mkdtemp(prefix=f"exl3tool-stage-r{self.comm.rank}-", dir=self.work_root)

@@ -4,7 +4,7 @@
 
 Stages are decoded with the BASE layer's own suh/svh (rotation reuse, §1.1); sparse table entries
 (inverse scale 0.0) are skipped, exactly as the kernel skips their GEMM. Everything the runtime
-applies comes from `exl3tool.cartridge.tables.materialize_tables` (one implementation of the tables
+applies comes from `exl3tool.formats.cartridge_tables.materialize_tables` (one implementation of the tables
 that `stage-cartridge` records): the stage order, the FP32 inverse scales and the tensor names.
 """
 

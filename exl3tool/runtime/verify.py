@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from exl3tool.errors import InputError
+from exl3tool.rules.errors import InputError
 from exl3tool.runtime import cold, quality
 from exl3tool.runtime.base import BaseModel, base_geometry, load_base, open_base
 from exl3tool.runtime.compare import Tally, compare
@@ -169,8 +169,8 @@ def parse_layers(spec: str | None) -> list[int] | None:
 def adapter_layers(adapter: Path) -> list[int]:
     """`selected_layers` of a cartridge, read strictly: a defective manifest is an InputError,
     like a defective base (open_base), never a traceback or a hang on a FIFO."""
-    from exl3tool.findings import Findings
     from exl3tool.io.jsonfile import read_json
+    from exl3tool.rules.registry import Findings
 
     path = Path(adapter) / "adapter_config.json"
     findings = Findings()

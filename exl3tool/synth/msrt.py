@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from exl3tool.cartridge import spec
+from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.st_writer import write_arrays
 
@@ -230,9 +230,9 @@ def _data_start(path: Path) -> int:
 
 def _identity(base: Path) -> tuple[str, dict[str, str]]:
     """(root, {"<L>": layer digest}) recomputed from the base's bytes by `identity.compat`."""
-    from exl3tool.findings import Findings
     from exl3tool.formats.checkpoint import load_checkpoint
     from exl3tool.identity.compat import compat_identity
+    from exl3tool.rules.registry import Findings
 
     findings = Findings()
     ident = compat_identity(load_checkpoint(base, findings))
@@ -375,7 +375,7 @@ def build_adapter(
     from exl3tool.io.jsonfile import read_json
 
     base = Path(base)
-    from exl3tool.findings import Findings
+    from exl3tool.rules.registry import Findings
 
     cfg = read_json(base / "config.json", Findings(), "config.json")
     hidden, intermediate, n_experts = spec.base_sizes(cfg)
@@ -453,9 +453,9 @@ def build_adapter(
 
 def refresh_shards(adapter: Path) -> dict[str, Any]:
     """Recompute `shards[].size/sha256` and `num_tensors` after a test edited shard bytes."""
-    from exl3tool.findings import Findings
     from exl3tool.io.jsonfile import read_json
     from exl3tool.io.safetensors import read_header
+    from exl3tool.rules.registry import Findings
 
     adapter = Path(adapter)
     manifest = read_json(adapter / spec.ADAPTER_CONFIG, Findings(), spec.ADAPTER_CONFIG)
@@ -486,10 +486,10 @@ def build_dense_reference(
     """
     import torch
 
-    from exl3tool.cartridge.model import load_cartridge
-    from exl3tool.findings import Findings
+    from exl3tool.formats.cartridge import load_cartridge
     from exl3tool.formats.checkpoint import load_checkpoint
     from exl3tool.io.views import TensorReader
+    from exl3tool.rules.registry import Findings
     from exl3tool.trellis.weight import effective_weight
 
     findings = Findings()
@@ -544,9 +544,9 @@ def build_dense_reference(
 
 def read_tensors(path: Path) -> dict[str, np.ndarray]:
     """Every tensor of a safetensors file as an owned numpy array, in file order."""
-    from exl3tool.findings import Findings
     from exl3tool.io.safetensors import read_header
     from exl3tool.io.views import TensorReader
+    from exl3tool.rules.registry import Findings
 
     header = read_header(Path(path), Findings())
     if header is None:

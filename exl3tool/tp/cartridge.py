@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from exl3tool.cartridge import spec
-from exl3tool.cartridge.model import Cartridge, StageKey, load_cartridge, parse_key
-from exl3tool.checks import cartridge_rules as ca
-from exl3tool.errors import InputError, OutputError, UsageError
-from exl3tool.findings import Findings
+from exl3tool.formats import msrt_spec as spec
+from exl3tool.formats.cartridge import Cartridge, StageKey, load_cartridge, parse_key
 from exl3tool.identity.engine import new_hasher
 from exl3tool.io.safetensors import SafetensorsFile, TensorInfo
 from exl3tool.io.st_writer import SafetensorsStreamWriter, TensorSpec
 from exl3tool.io.views import MappedFile
+from exl3tool.rules import cartridge as ca
+from exl3tool.rules.errors import InputError, OutputError, UsageError
+from exl3tool.rules.registry import Findings
 
 TILES_PER_128 = 8  # 128 channels = 8 tiles of 16 (§3)
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from exl3tool.checks import tp_rules
-from exl3tool.findings import Findings, Rule
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.detect import Kind
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.names import R7_SHARED_RE, parse_expert, split_field
+from exl3tool.rules import tp as tp_rules
+from exl3tool.rules.registry import Findings, Rule
 from exl3tool.tp.linear import field_cut, field_size
 from exl3tool.tp.ranges import HAD, SplitError, channel_ranges, expert_ranges, intermediate_ranges
 from exl3tool.tp.slices import (

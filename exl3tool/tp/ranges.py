@@ -6,8 +6,8 @@ Hadamard block. Impossible splits raise `SplitError` carrying the rule that refu
 
 from __future__ import annotations
 
-from exl3tool.checks import tp_rules
-from exl3tool.findings import Rule
+from exl3tool.rules import tp as tp_rules
+from exl3tool.rules.registry import Rule
 
 HAD = 128  # Hadamard block width = TP channel granularity
 

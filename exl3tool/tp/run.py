@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exl3tool.checks import tp_rules
-from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import load_checkpoint
 from exl3tool.formats.detect import Kind, detect
 from exl3tool.io.atomic import atomic_dir
+from exl3tool.rules import tp as tp_rules
+from exl3tool.rules.registry import Findings
 from exl3tool.tp.plan import plan_slices
 from exl3tool.tp.slices import PlanRefused, SlicePlan
 from exl3tool.tp.writer import DEFAULT_MAX_SHARD, SliceFailed, write_plan

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from exl3tool.checks import tp_rules
-from exl3tool.errors import Exl3ToolError
-from exl3tool.findings import Findings
 from exl3tool.io.dtypes import BITS
+from exl3tool.rules import tp as tp_rules
+from exl3tool.rules.errors import Exl3ToolError
+from exl3tool.rules.registry import Findings
 
 MODES = ("tensor", "expert")
 LAYOUTS = ("per-rank", "rank-sliced")

@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from exl3tool.checks import tp_rules
-from exl3tool.errors import InputError
-from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.identity.engine import Segment, hash_files, hash_segments
 from exl3tool.io.jsonfile import read_json
 from exl3tool.io.paths import relative_path_problem
 from exl3tool.io.safetensors import SafetensorsFile, read_header
+from exl3tool.rules import tp as tp_rules
+from exl3tool.rules.errors import InputError
+from exl3tool.rules.registry import Findings
 from exl3tool.tp.configs import MANIFEST_NAME
 from exl3tool.tp.slices import TensorSlice
 from exl3tool.tp.stream import FileMaps
@@ -26,7 +26,7 @@ CHUNK = 8 << 20
 
 
 def _schema_errors(doc: Any) -> list[tuple[str, str]]:
-    from exl3tool.checks.checkpoint import schema_errors
+    from exl3tool.io.schemas import schema_errors
 
     return [(ptr, msg) for ptr, msg, _ in schema_errors(SCHEMA_FILE, doc)]
 

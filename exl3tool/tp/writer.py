@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from exl3tool import __version__
-from exl3tool.checks import tp_rules
-from exl3tool.errors import Exl3ToolError
-from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import INDEX_NAME, Checkpoint
 from exl3tool.formats.detect import Kind
 from exl3tool.identity.engine import hash_files
 from exl3tool.io.atomic import atomic_dir, remove_stale_temps
+from exl3tool.rules import tp as tp_rules
+from exl3tool.rules.errors import Exl3ToolError
+from exl3tool.rules.registry import Findings
 from exl3tool.tp import configs
 from exl3tool.tp.configs import MANIFEST_NAME, dump_json
 from exl3tool.tp.slices import SlicePlan, TensorSlice

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from exl3tool.checks.cartridge import check_cartridge
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.findings import Findings
+from exl3tool.rules.registry import Findings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -10,15 +10,18 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from exl3tool.cartridge import spec, stage
-from exl3tool.cartridge.stage import StageError, stage_cartridge
+from exl3tool.formats import msrt_spec as spec
+from exl3tool.staging import stage
 from exl3tool.checks.cartridge import check_cartridge
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.errors import OutputError
-from exl3tool.findings import Findings
+from exl3tool.rules.errors import OutputError
+from exl3tool.rules.registry import Findings
+from exl3tool.staging.stage import StageError, stage_cartridge
 from exl3tool.synth.msrt import build_base, refresh_shards, rewrite_shard
 
-SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "exl3tool-staging-1.schema.json"
+SCHEMA = (
+    Path(__file__).resolve().parents[2] / "exl3tool" / "schemas" / "exl3tool-staging-1.schema.json"
+)
 
 
 def tree(d: Path) -> dict[str, bytes]:

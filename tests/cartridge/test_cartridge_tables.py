@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exl3tool.cartridge.model import load_cartridge
-from exl3tool.cartridge.tables import TablesError, inverse_scale, materialize_tables
-from exl3tool.findings import Findings
+from exl3tool.formats.cartridge import load_cartridge
+from exl3tool.formats.cartridge_tables import TablesError, inverse_scale, materialize_tables
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.views import TensorReader
+from exl3tool.rules.registry import Findings
 
 
 def load(p):
@@ -57,7 +57,7 @@ def test_incomplete_stage_expert_is_refused(msrt):
     cart = load(msrt["full"])
     t = materialize_tables(cart, num_experts=4)[3]
     # stage k4 without its gate_proj tensors: "Incomplete MSRT cartridge expert stages"
-    from exl3tool.cartridge import tables as tb
+    from exl3tool.formats import cartridge_tables as tb
 
     slots = {
         k: v

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from exl3tool.findings import Findings
 from exl3tool.io.safetensors import read_header
 from exl3tool.io.st_writer import write_arrays
 from exl3tool.io.views import TensorReader
+from exl3tool.rules.registry import Findings
 
 Tensors = dict[str, tuple[str, np.ndarray]]  # name -> (safetensors dtype, array)
 

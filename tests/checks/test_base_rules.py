@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exl3tool.cartridge import spec
 from exl3tool.checks.base import check_base
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.findings import Findings, all_rules
+from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.checkpoint import load_checkpoint
 from exl3tool.identity.compat import root_digest
+from exl3tool.rules.registry import Findings, all_rules
 from exl3tool.synth.msrt import build_base, rewrite_shard, write_manifest_sha256
 
 SHARD = "model-layer-003.safetensors"

@@ -8,9 +8,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exl3tool.cartridge import spec
-from exl3tool.cartridge.manifest_check import check_manifest
-from exl3tool.findings import Findings
+from exl3tool.checks.cartridge_manifest import check_manifest
+from exl3tool.formats import msrt_spec as spec
+from exl3tool.rules.registry import Findings
 
 EXAMPLE = json.loads(
     (

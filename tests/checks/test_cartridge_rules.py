@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exl3tool.cartridge import spec
-from exl3tool.checks import cartridge_rules as ca
 from exl3tool.checks.cartridge import check_cartridge
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.findings import Findings, all_rules
+from exl3tool.formats import msrt_spec as spec
+from exl3tool.rules import cartridge as ca
+from exl3tool.rules.registry import Findings, all_rules
 from exl3tool.synth.msrt import build_adapter, build_base, refresh_shards, rewrite_shard
 
 L3 = "model-layer-003-b000.safetensors"

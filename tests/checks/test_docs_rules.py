@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from exl3tool.docs_gen import RULES_MD, render_rules_md
-from exl3tool.findings import all_rules
+from exl3tool.rules.registry import all_rules
 
 
 def test_committed_rules_doc_matches_the_registry() -> None:

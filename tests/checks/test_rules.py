@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from checks_fixtures import copy, edit_block, edit_json, edit_qc, edit_shard, move_tensor
 
+from exl3tool.actions.validate import validate_path
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.checks.validate import validate_path
-from exl3tool.findings import Severity, all_rules, get_rule
 from exl3tool.report.model import Report
+from exl3tool.rules.registry import Severity, all_rules, get_rule
 
 L1 = "r7-experts-layer-001.safetensors"
 L2 = "r7-experts-layer-002.safetensors"

@@ -11,8 +11,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exl3tool.actions.validate import validate_path
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.checks.validate import validate_path
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),

@@ -86,7 +86,7 @@ def test_decode_bad_input(tmp_path, mutate, code):
 
 
 def test_decode_rules_registered():
-    from exl3tool.findings import all_rules
+    from exl3tool.rules.registry import all_rules
 
     codes = {r.code for r in all_rules()}
     assert {"DC001", "DC002", "DC003", "DC004"} <= codes

@@ -13,9 +13,9 @@ from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
 from exl3tool.cli.main import app
-from exl3tool.findings import Findings
 from exl3tool.io.safetensors import read_header
 from exl3tool.io.st_writer import write_arrays
+from exl3tool.rules.registry import Findings
 from exl3tool.synth.msrt import build_base
 
 SHARD3 = "model-layer-003.safetensors"
@@ -74,7 +74,7 @@ def test_json_and_published_compat(base: Path, tmp_path: Path) -> None:
     assert code == 0, err
     doc = json.loads(out)
     schema = json.loads(
-        (Path(__file__).parents[2] / "schemas/exl3tool-identity-1.schema.json").read_text()
+        (Path(__file__).parents[2] / "exl3tool/schemas/exl3tool-identity-1.schema.json").read_text()
     )
     jsonschema.Draft202012Validator(schema).validate(doc)
     tail = json.loads((base / "config.json").read_text())["hybrid_tr3_tail"]

@@ -57,7 +57,7 @@ def test_json_report_follows_schema(r7: Path, broken: Path) -> None:
     import jsonschema
 
     schema = json.loads(
-        (Path(__file__).parents[2] / "schemas/exl3tool-report-1.schema.json").read_text()
+        (Path(__file__).parents[2] / "exl3tool/schemas/exl3tool-report-1.schema.json").read_text()
     )
     jsonschema.validate(doc, schema)
 

@@ -12,7 +12,9 @@ from typer.testing import CliRunner
 from exl3tool.cli.main import app
 from exl3tool.synth.msrt import build_adapter, build_base
 
-SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "exl3tool-verify-1.schema.json"
+SCHEMA = (
+    Path(__file__).resolve().parents[2] / "exl3tool" / "schemas" / "exl3tool-verify-1.schema.json"
+)
 
 
 def run(*args: object) -> tuple[int, str, str]:

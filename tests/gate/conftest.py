@@ -96,7 +96,7 @@ def sarif_errors(log: dict) -> list[str]:
 
     import jsonschema
 
-    schema = json.loads((REPO / "schemas/sarif-2.1.0-subset.schema.json").read_text())
+    schema = json.loads((REPO / "exl3tool/schemas/sarif-2.1.0-subset.schema.json").read_text())
     return [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(log)]
 
 

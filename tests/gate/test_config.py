@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jsonschema
@@ -10,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exl3tool.errors import UsageError
-from exl3tool.findings import Findings
-from exl3tool.gate.config import discover, from_mapping, load_config, schema_path
+from exl3tool.actions.gate.config import discover, from_mapping, load_config
+from exl3tool.io.schemas import schema
+from exl3tool.rules.errors import UsageError
+from exl3tool.rules.registry import Findings
 
 GOOD = """
 schema = "exl3tool-config/1"
@@ -35,7 +35,7 @@ verify_swap = true
 
 
 def test_schema_is_valid_draft_2020_12() -> None:
-    jsonschema.Draft202012Validator.check_schema(json.loads(schema_path().read_text()))
+    jsonschema.Draft202012Validator.check_schema(schema("exl3tool-config-1.schema.json"))
 
 
 def test_loads_exl3tool_toml(tmp_path: Path) -> None:

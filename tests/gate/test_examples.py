@@ -12,7 +12,7 @@ import pytest
 
 from .conftest import REPO, run_cli, sarif_errors
 
-REPORT_SCHEMA = json.loads((REPO / "schemas/exl3tool-report-1.schema.json").read_text())
+REPORT_SCHEMA = json.loads((REPO / "exl3tool/schemas/exl3tool-report-1.schema.json").read_text())
 NAMES = ("r7-tiny", "msrt-base-tiny", "cartridge-k3k4")
 # The examples' release without verify-swap (the workflow test runs the full one).
 CONFIG = """

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exl3tool.findings import Findings
-from exl3tool.gate.hf import HfRef, cache_dir, parse_hf_id, resolve
+from exl3tool.actions.gate.hf import HfRef, cache_dir, parse_hf_id, resolve
+from exl3tool.rules.registry import Findings
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OLD = "fedcba9876543210fedcba9876543210fedcba98"

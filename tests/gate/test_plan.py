@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exl3tool.findings import Findings
-from exl3tool.gate.config import ArtifactSpec, GateConfig
-from exl3tool.gate.infer import infer
-from exl3tool.gate.run import Target, plan, resolve_targets
+from exl3tool.actions.gate.config import ArtifactSpec, GateConfig
+from exl3tool.actions.gate.infer import infer
+from exl3tool.actions.gate.run import Target, plan, resolve_targets
+from exl3tool.rules.registry import Findings
 
 from .conftest import Artifacts
 

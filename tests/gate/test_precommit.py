@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from exl3tool.gate.precommit import ARTIFACT_FILES, artifact_dirs
+from exl3tool.actions.gate.precommit import ARTIFACT_FILES, artifact_dirs
 
 from .conftest import REPO
 

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from exl3tool.gate import steps
-from exl3tool.gate.config import ArtifactSpec, GateConfig
-from exl3tool.gate.run import run_check
+from exl3tool.actions.gate import steps
+from exl3tool.actions.gate.config import ArtifactSpec, GateConfig
+from exl3tool.actions.gate.run import run_check
 
 from .conftest import REPO, Artifacts
 

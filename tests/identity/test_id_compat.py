@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 from identity_fixtures import expert_tensors, rank_slice, write_checkpoint, write_shard
 
-from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import load_checkpoint
 from exl3tool.formats.exl3 import MCG_MARKER
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.identity.compat import compat_identity, layer_digest, root_digest, tensor_record
+from exl3tool.rules.registry import Findings
 
 LAYER_3 = "3518095ac1ae5fd32f775862acce5daa5f0c8a4c96fb308b45df4e95da377d58"
 ROOT = "cbb1f591900487ad16f33fd2d33174beb09d55d301f164aff37ed829f712ce01"

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from identity_fixtures import write_shard
 
-from exl3tool.errors import UsageError
-from exl3tool.findings import Findings
 from exl3tool.identity import engine
 from exl3tool.identity.engine import Segment, hash_files, hash_segments, hash_tensors, new_hasher
 from exl3tool.io.safetensors import read_header
+from exl3tool.rules.errors import UsageError
+from exl3tool.rules.registry import Findings
 
 REF = {
     "sha256": lambda b: hashlib.sha256(b).hexdigest(),
@@ -88,7 +88,7 @@ def test_unknown_algo() -> None:
 
 
 def test_truncated_file_is_input_error(tmp_path: Path) -> None:
-    from exl3tool.errors import InputError
+    from exl3tool.rules.errors import InputError
 
     p = tmp_path / "f"
     p.write_bytes(b"abc")

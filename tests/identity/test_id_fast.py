@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from identity_fixtures import expert_tensors, flip_byte, rank_slice, write_checkpoint, write_shard
 
-from exl3tool.errors import UsageError
-from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import load_checkpoint
 from exl3tool.identity.fast import Identity, compute_identity, layer_key, parse_layers
 from exl3tool.identity.logical import build_plan
+from exl3tool.rules.errors import UsageError
+from exl3tool.rules.registry import Findings
 
 
 def ident(path: Path, **kw: object) -> Identity:
@@ -156,7 +156,7 @@ def test_json_matches_schema(tmp_path: Path, full: dict) -> None:
     import jsonschema
 
     schema = json.loads(
-        (Path(__file__).parents[2] / "schemas/exl3tool-identity-1.schema.json").read_text()
+        (Path(__file__).parents[2] / "exl3tool/schemas/exl3tool-identity-1.schema.json").read_text()
     )
     write_checkpoint(tmp_path / "a", full)
     doc = ident(tmp_path / "a", layers=parse_layers("0,other"), selection="0,other").to_json()

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import corpus
 
-from exl3tool.findings import Findings, Severity
 from exl3tool.io.safetensors import read_header
+from exl3tool.rules.registry import Findings, Severity
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "safetensors-strictness.md"
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exl3tool.errors import OutputError
-from exl3tool.findings import Findings
 from exl3tool.io.atomic import atomic_dir, atomic_file, remove_stale_temps, write_bytes_atomic
 from exl3tool.io.paths import PathViolation, is_within, open_inside, relative_path_problem
 from exl3tool.io.safetensors import read_header
 from exl3tool.io.st_writer import SafetensorsStreamWriter, TensorSpec, build_header, write_arrays
 from exl3tool.io.views import TensorReader
+from exl3tool.rules.errors import OutputError
+from exl3tool.rules.registry import Findings
 
 
 def _names(d: Path) -> set[str]:
@@ -165,7 +165,7 @@ def test_open_inside_missing_root(tmp_path: Path) -> None:
 
 
 def test_path_violation_kinds_have_pa_rules() -> None:
-    from exl3tool.io import rules
+    from exl3tool.rules import io as rules
 
     assert {r.name for r in (rules.PA_ESCAPE, rules.PA_SYMLINK, rules.PA_MISSING,
                              rules.PA_NOT_REGULAR, rules.PA_DUPLICATE)} == {

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from exl3tool.findings import Findings
-from exl3tool.io import rules
 from exl3tool.io import safetensors as stmod
 from exl3tool.io.safetensors import escape_name, is_unsafe_name, read_header
 from exl3tool.io.st_writer import write_arrays
 from exl3tool.io.views import TensorReader
+from exl3tool.rules import io as rules
+from exl3tool.rules.registry import Findings
 
 _TMP = Path(tempfile.mkdtemp(prefix="exl3tool-st-"))
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exl3tool.findings import Findings
 from exl3tool.io import jsonfile, strict_json
 from exl3tool.io.strict_json import canonical_json, is_json_int, loads, pointer_join, pretty_json
+from exl3tool.rules.registry import Findings
 
 
 def kinds(text: str | bytes) -> list[tuple[str, str]]:

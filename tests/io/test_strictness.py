@@ -8,8 +8,8 @@ import corpus  # tests/io is on sys.path (pytest rootdir-relative import of this
 import make_strictness_doc
 import pytest
 
-from exl3tool.findings import Findings, Severity
 from exl3tool.io.safetensors import read_header
+from exl3tool.rules.registry import Findings, Severity
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,17 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from exl3tool.findings import Findings, all_rules
-from exl3tool.findings import family_of as rule_family
-from exl3tool.io import rules
 from exl3tool.report import github, render
 from exl3tool.report.junit import to_junit
 from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.report.sarif import FINGERPRINT_KEY, locate, to_sarif
+from exl3tool.rules import io as rules
+from exl3tool.rules.registry import Findings, all_rules
+from exl3tool.rules.registry import family_of as rule_family
 
 ROOT = Path(__file__).resolve().parents[2]
-SARIF_SCHEMA = json.loads((ROOT / "schemas/sarif-2.1.0-subset.schema.json").read_text())
-REPORT_SCHEMA = json.loads((ROOT / "schemas/exl3tool-report-1.schema.json").read_text())
+SARIF_SCHEMA = json.loads((ROOT / "exl3tool/schemas/sarif-2.1.0-subset.schema.json").read_text())
+REPORT_SCHEMA = json.loads((ROOT / "exl3tool/schemas/exl3tool-report-1.schema.json").read_text())
 
 
 def _report(artifacts: tuple[str, ...] = ("models/m",)) -> Report:

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from exl3tool.errors import InputError
-from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import load_checkpoint
 from exl3tool.io.st_writer import SafetensorsStreamWriter, TensorSpec
 from exl3tool.io.views import TensorReader
+from exl3tool.rules.errors import InputError
+from exl3tool.rules.registry import Findings
 from exl3tool.runtime.base import router_weight
 
 NAME = "model.layers.1.mlp.gate.weight"

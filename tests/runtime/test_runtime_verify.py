@@ -11,9 +11,9 @@ import jsonschema
 import numpy as np
 import torch
 
-from exl3tool.cartridge import tables as tables_mod
-from exl3tool.findings import Findings
+from exl3tool.formats import cartridge_tables as tables_mod
 from exl3tool.io.safetensors import read_header
+from exl3tool.rules.registry import Findings
 from exl3tool.runtime import base as base_mod
 from exl3tool.runtime import cold
 from exl3tool.runtime import engine as engine_mod
@@ -28,7 +28,9 @@ from exl3tool.runtime.verify import (
 )
 from exl3tool.synth.msrt import refresh_shards
 
-SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "exl3tool-verify-1.schema.json"
+SCHEMA = (
+    Path(__file__).resolve().parents[2] / "exl3tool" / "schemas" / "exl3tool-verify-1.schema.json"
+)
 
 
 def checks(report) -> dict:

@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exl3tool.cartridge import spec
 from exl3tool.checks.base import check_base
 from exl3tool.checks.cartridge import check_cartridge
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.findings import Findings
+from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.checkpoint import load_checkpoint
 from exl3tool.formats.detect import Kind, detect
+from exl3tool.rules.registry import Findings
 from exl3tool.synth.msrt import build_adapter, build_base, build_dense_reference, read_tensors
 
 

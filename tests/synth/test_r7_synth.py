@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from exl3tool.actions.validate import validate_path
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.checks.validate import validate_path
-from exl3tool.findings import Findings, Severity
 from exl3tool.formats.detect import Kind, detect
 from exl3tool.io.safetensors import read_header
+from exl3tool.rules.registry import Findings, Severity
 from exl3tool.synth.r7 import R7Spec, build_r7, build_rank_sliced
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -10,8 +10,8 @@ import tp_fixtures as fx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exl3tool.checks import tp_rules
 from exl3tool.formats.detect import Kind, detect
+from exl3tool.rules import tp as tp_rules
 from exl3tool.tp.linear import slice_linear
 from exl3tool.tp.plan import attention_geometry, plan_slices
 from exl3tool.tp.slices import PlanRefused

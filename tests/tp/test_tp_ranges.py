@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exl3tool.checks import tp_rules
+from exl3tool.rules import tp as tp_rules
 from exl3tool.tp.ranges import (
     SplitError,
     channel_ranges,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from exl3tool.actions.validate import validate_path
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.checks.validate import validate_path
 from exl3tool.tp.run import SliceOptions, slice_artifact
 
 

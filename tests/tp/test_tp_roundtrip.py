@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import tp_fixtures as fx
 
-from exl3tool.errors import OutputError
+from exl3tool.rules.errors import OutputError
 from exl3tool.tp.run import SliceOptions, slice_artifact, verify_output
 from exl3tool.tp.slices import PlanRefused
 from exl3tool.tp.verify import verify_slices

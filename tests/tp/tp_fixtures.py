@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from exl3tool.findings import Findings
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
+from exl3tool.rules.registry import Findings
 from exl3tool.synth.exl3 import build_exl3
 from exl3tool.synth.msrt import build_adapter, build_base
 from exl3tool.synth.r7 import build_r7

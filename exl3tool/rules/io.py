@@ -1,6 +1,6 @@
 """Rules of the io layer: safetensors structure (ST), JSON documents (JS), paths (PA)."""
 
-from exl3tool.findings import Severity, rule
+from exl3tool.rules.registry import Severity, rule
 
 E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 

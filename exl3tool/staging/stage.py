@@ -29,19 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from exl3tool import __version__
-from exl3tool.cartridge import spec
-from exl3tool.cartridge.model import Cartridge, ShardEntry, load_cartridge
-from exl3tool.cartridge.tables import TablesError, materialize_tables, max_residual_bits
-from exl3tool.checks import cartridge_rules as ca
 from exl3tool.checks.cartridge import BaseInfo, check_loaded, load_base_info
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.errors import Exl3ToolError, OutputError, UsageError
-from exl3tool.findings import Findings
+from exl3tool.formats import msrt_spec as spec
+from exl3tool.formats.cartridge import Cartridge, ShardEntry, load_cartridge
+from exl3tool.formats.cartridge_tables import TablesError, materialize_tables, max_residual_bits
 from exl3tool.identity.engine import new_hasher
-from exl3tool.io import rules as io_rules
 from exl3tool.io.atomic import atomic_dir, remove_stale_temps
 from exl3tool.io.paths import PathViolation, open_inside
 from exl3tool.io.safetensors import FileStamp
+from exl3tool.rules import cartridge as ca
+from exl3tool.rules import io as io_rules
+from exl3tool.rules.errors import Exl3ToolError, OutputError, UsageError
+from exl3tool.rules.registry import Findings
 
 STAGING_SCHEMA = "exl3tool-staging/1"
 STAGING_FILE = "exl3tool-staging.json"

@@ -10,27 +10,21 @@ not reported again.
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import json
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-from exl3tool.cartridge import spec
-from exl3tool.checks import cartridge_rules as ca
-from exl3tool.findings import Findings, Rule
+from exl3tool.formats import msrt_spec as spec
+from exl3tool.io import schemas
 from exl3tool.io.strict_json import pointer_join
+from exl3tool.rules import cartridge as ca
+from exl3tool.rules.registry import Findings, Rule
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "fq-cartridge-adapter-3.schema.json"
+SCHEMA_FILE = "fq-cartridge-adapter-3.schema.json"
 _ID_LISTS = ("selected_experts", "selected_layers")
 
 
-@functools.cache
 def validator() -> Any:
-    import jsonschema
-
-    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-    return jsonschema.Draft202012Validator(schema)
+    return schemas.validator(SCHEMA_FILE)
 
 
 class _Reporter:

@@ -10,14 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exl3tool.checks.check_rules import (
+from exl3tool.actions.gate.run import Context, StepResult, temp_dir
+from exl3tool.rules.check import (
     GT_IDENTITY_FILE,
     GT_SKIPPED,
     GT_SLICE_VERIFY,
     GT_STEP_FAILED,
     GT_VERIFY_SWAP,
 )
-from exl3tool.gate.run import Context, StepResult, temp_dir
 
 
 def _path(ctx: Context) -> Path:
@@ -27,8 +27,8 @@ def _path(ctx: Context) -> Path:
 
 def validate(ctx: Context, *, hash: bool, tp: int | None = None) -> StepResult:
     """`exl3tool validate PATH [--hash] [--tp N] [--base BASE]`."""
+    from exl3tool.actions.validate import validate_path
     from exl3tool.checks.options import ValidateOptions
-    from exl3tool.checks.validate import validate_path
 
     options = ValidateOptions(tp=tp, hash=hash, base=ctx.target.base, threads=ctx.threads)
     ref, found = validate_path(_path(ctx), options)
@@ -122,7 +122,7 @@ def slice_verify(ctx: Context, *, tp: int) -> StepResult:
 
 def stage(ctx: Context, *, tp: int) -> StepResult:
     """`exl3tool stage-cartridge ADAPTER --base BASE --tp N -o TMP` (removed afterwards)."""
-    from exl3tool.cartridge.stage import StageError, stage_cartridge
+    from exl3tool.staging.stage import StageError, stage_cartridge
 
     assert ctx.target.base is not None  # plan() stages only a matched cartridge
     res = StepResult()

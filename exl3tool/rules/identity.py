@@ -1,6 +1,6 @@
 """Rules of byte identities: `identity --check`, rank-slice reassembly, compatibility (ID)."""
 
-from exl3tool.findings import Severity, rule
+from exl3tool.rules.registry import Severity, rule
 
 E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 

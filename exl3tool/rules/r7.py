@@ -3,7 +3,7 @@
 r7-checkpoint-format.md §1-§6 (R7) and §7.1 (RS).
 """
 
-from exl3tool.findings import Severity, rule
+from exl3tool.rules.registry import Severity, rule
 
 E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 

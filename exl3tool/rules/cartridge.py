@@ -3,7 +3,7 @@
 Path hygiene reuses PA001-PA005, JSON syntax JS0xx and safetensors structure ST0xx.
 """
 
-from exl3tool.findings import Severity, rule
+from exl3tool.rules.registry import Severity, rule
 
 E = Severity.ERROR
 

@@ -1,6 +1,6 @@
 """Rules of `exl3tool decode`: inputs the trellis codec cannot decode (exl3-format.md §1, §3)."""
 
-from exl3tool.findings import Severity, rule
+from exl3tool.rules.registry import Severity, rule
 
 E = Severity.ERROR
 

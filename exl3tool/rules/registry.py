@@ -15,16 +15,16 @@ from dataclasses import dataclass, field
 
 # Modules that declare rules; `all_rules()` imports them. Add yours here.
 RULE_MODULES: tuple[str, ...] = (
-    "exl3tool.io.rules",
-    "exl3tool.checks.checkpoint_rules",
-    "exl3tool.checks.exl3_rules",
-    "exl3tool.checks.r7_rules",
-    "exl3tool.checks.cartridge_rules",
-    "exl3tool.checks.base_rules",
-    "exl3tool.checks.decode_rules",
-    "exl3tool.checks.identity_rules",
-    "exl3tool.checks.tp_rules",
-    "exl3tool.checks.check_rules",
+    "exl3tool.rules.io",
+    "exl3tool.rules.checkpoint",
+    "exl3tool.rules.exl3",
+    "exl3tool.rules.r7",
+    "exl3tool.rules.cartridge",
+    "exl3tool.rules.base",
+    "exl3tool.rules.decode",
+    "exl3tool.rules.identity",
+    "exl3tool.rules.tp",
+    "exl3tool.rules.check",
 )
 
 

@@ -1,6 +1,6 @@
 """Rules of cartridge-capable EXL3 bases `exl3-msrt-base/1` (MB; msrt-cartridge-format.md §5-§6, P7-P9)."""
 
-from exl3tool.findings import Severity, rule
+from exl3tool.rules.registry import Severity, rule
 
 E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 

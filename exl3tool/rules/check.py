@@ -1,6 +1,6 @@
 """Rules of the pre-publish gate `exl3tool check`: its config, artifact resolution and steps (GT)."""
 
-from exl3tool.findings import Severity, rule
+from exl3tool.rules.registry import Severity, rule
 
 E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 

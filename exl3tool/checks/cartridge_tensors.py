@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exl3tool.cartridge import spec
-from exl3tool.cartridge.manifest_check import coverage_sets, ints
-from exl3tool.cartridge.model import Cartridge, StageKey, parse_key
-from exl3tool.cartridge.tables import FP32_MAX
-from exl3tool.checks import cartridge_rules as ca
-from exl3tool.findings import Findings
+from exl3tool.checks.cartridge_manifest import coverage_sets, ints
+from exl3tool.formats import msrt_spec as spec
+from exl3tool.formats.cartridge import Cartridge, StageKey, parse_key
+from exl3tool.formats.cartridge_tables import FP32_MAX
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.views import TensorReader
+from exl3tool.rules import cartridge as ca
+from exl3tool.rules.registry import Findings
 
 _PROTOTYPE_RE = re.compile(r"\.(suh|svh|mcg|mul1)_[^.]*$")
 

@@ -6,16 +6,15 @@ gives GT001 findings (with a JSON pointer), so that CI shows every mistake at on
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from exl3tool.checks.check_rules import GT_CONFIG_SCHEMA
-from exl3tool.errors import UsageError
-from exl3tool.findings import Findings
 from exl3tool.io.strict_json import pointer_join
+from exl3tool.rules.check import GT_CONFIG_SCHEMA
+from exl3tool.rules.errors import UsageError
+from exl3tool.rules.registry import Findings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,8 +29,7 @@ CONFIG_NAME = "exl3tool.toml"
 ROLES = ("checkpoint", "base", "cartridge")
 
 
-def schema_path() -> Path:
-    return Path(__file__).resolve().parents[2] / "schemas" / "exl3tool-config-1.schema.json"
+SCHEMA_FILE = "exl3tool-config-1.schema.json"
 
 
 @dataclass(frozen=True)
@@ -84,11 +82,10 @@ def _swap(value: Any) -> bool | tuple[int, ...] | None:
 
 def from_mapping(data: Any, *, root: Path, source: Path | None, findings: Findings) -> GateConfig:
     """Validate `data` against the schema (GT001 per violation) and build the config."""
-    import jsonschema
+    from exl3tool.io import schemas
 
     label = str(source) if source else "exl3tool config"
-    schema = json.loads(schema_path().read_text(encoding="utf-8"))
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = schemas.validator(SCHEMA_FILE)
     bad = False
     for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
         bad = True

@@ -5,7 +5,7 @@ manifests, shards); each maps to its artifact directory, once, and every directo
 into one report. A bare `config.json` of something that is no EXL3/R7/MSRT artifact is skipped
 (with a note), so the hook can run on repositories that hold other projects too.
 
-    python -m exl3tool.gate.precommit [--hash] [--tp N] [--strict] [--format F] FILE...
+    python -m exl3tool.actions.gate.precommit [--hash] [--tp N] [--strict] [--format F] FILE...
 """
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ def artifact_dirs(files: list[str]) -> tuple[list[Path], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from exl3tool.actions.validate import validate_path
     from exl3tool.checks.options import ValidateOptions
-    from exl3tool.checks.validate import validate_path
-    from exl3tool.findings import Findings
     from exl3tool.report.model import Report
     from exl3tool.report.render import emit
+    from exl3tool.rules.registry import Findings
 
     ap = argparse.ArgumentParser(prog="exl3tool-precommit", description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*")

@@ -10,13 +10,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from exl3tool.checks import checkpoint_rules as ck
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.errors import InputError
-from exl3tool.findings import Findings, Location
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect
 from exl3tool.report.model import ArtifactRef
+from exl3tool.rules import checkpoint as ck
+from exl3tool.rules.errors import InputError
+from exl3tool.rules.registry import Findings, Location
 
 CHECKPOINT_KINDS = (Kind.EXL3, Kind.R7, Kind.RANK_SLICED, Kind.SAFETENSORS, Kind.MSRT_BASE)
 

@@ -1,7 +1,7 @@
 """Rules of tensor-parallel slicing plans and their outputs (TP): exl3-format.md §6,
 r7-checkpoint-format.md §3.4 / §7, msrt-cartridge-format.md §8."""
 
-from exl3tool.findings import Severity, rule
+from exl3tool.rules.registry import Severity, rule
 
 E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 

@@ -1,6 +1,6 @@
 """Rules of EXL3 linears and the `tensor_storage` map (EX); exl3-format.md §1-§2, r7 §8."""
 
-from exl3tool.findings import Severity, rule
+from exl3tool.rules.registry import Severity, rule
 
 E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 

@@ -1,6 +1,6 @@
 """Rules of the checkpoint container: configs, shard set, index (CK)."""
 
-from exl3tool.findings import Severity, rule
+from exl3tool.rules.registry import Severity, rule
 
 E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 

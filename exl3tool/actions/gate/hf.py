@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from exl3tool.checks.check_rules import GT_HF_NOT_CACHED, GT_HF_UNAVAILABLE
-from exl3tool.findings import Findings
+from exl3tool.rules.check import GT_HF_NOT_CACHED, GT_HF_UNAVAILABLE
+from exl3tool.rules.registry import Findings
 
 # Hub repo ids: "org/name", each part 1-96 of [A-Za-z0-9._-], not starting/ending with '.'/'-';
 # a revision is a branch, tag or commit (branches may contain '/').

@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from exl3tool.cartridge import spec
-from exl3tool.checks import cartridge_rules as ca
-from exl3tool.errors import InputError
-from exl3tool.findings import Findings
-from exl3tool.io import rules as io_rules
+from exl3tool.formats import msrt_spec as spec
 from exl3tool.io.jsonfile import report_issues
 from exl3tool.io.paths import PathViolation, open_inside, relative_path_problem
 from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo, read_header
 from exl3tool.io.strict_json import loads
+from exl3tool.rules import cartridge as ca
+from exl3tool.rules import io as io_rules
+from exl3tool.rules.errors import InputError
+from exl3tool.rules.registry import Findings
 
 _PATH_RULES = {
     "escape": io_rules.PA_ESCAPE,

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from exl3tool.cartridge.model import Cartridge, StageKey
+from exl3tool.formats.cartridge import Cartridge, StageKey
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.views import TensorReader
 

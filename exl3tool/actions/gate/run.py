@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exl3tool.checks.check_rules import (
+from exl3tool.actions.gate import hf
+from exl3tool.actions.gate.config import ArtifactSpec, GateConfig
+from exl3tool.actions.gate.infer import artifact_dir, default_role, sliced_tp
+from exl3tool.formats.detect import detect
+from exl3tool.report.model import ArtifactRef, Report
+from exl3tool.rules.check import (
     GT_ARTIFACT_MISSING,
     GT_BASE_UNKNOWN,
     GT_KIND_MISMATCH,
@@ -23,13 +28,8 @@ from exl3tool.checks.check_rules import (
     GT_NOT_APPLICABLE,
     GT_STEP_FAILED,
 )
-from exl3tool.errors import Exl3ToolError
-from exl3tool.findings import Finding, Findings, Severity
-from exl3tool.formats.detect import detect
-from exl3tool.gate import hf
-from exl3tool.gate.config import ArtifactSpec, GateConfig
-from exl3tool.gate.infer import artifact_dir, default_role, sliced_tp
-from exl3tool.report.model import ArtifactRef, Report
+from exl3tool.rules.errors import Exl3ToolError
+from exl3tool.rules.registry import Finding, Findings, Severity
 
 
 def resolve_arg(arg: str, root: Path, findings: Findings) -> Path | None:
@@ -165,7 +165,7 @@ def _relabel(f: Finding, spec: ArtifactSpec) -> Finding:
     """Point a resolution finding at the config's artifact name when it has none."""
     from dataclasses import replace
 
-    from exl3tool.findings import Location
+    from exl3tool.rules.registry import Location
 
     loc = f.location if f.location.file else Location(spec.label, None, None)
     return replace(f, location=loc)
@@ -211,7 +211,7 @@ class Context:
 
 
 def _run_step(step: Step, ctx: Context) -> StepResult:
-    from exl3tool.gate import steps as actions
+    from exl3tool.actions.gate import steps as actions
 
     fn: Callable[..., StepResult] = actions.ACTIONS[step.action]
     try:

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from exl3tool.report import progress
+from exl3tool.io import progress
 
 
 class _Tty(io.StringIO):

@@ -1,1 +1,0 @@
-"""MSRT expert cartridges (`fq-cartridge-adapter/3`): model, runtime tables, staging (no torch)."""

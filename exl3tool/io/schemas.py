@@ -1,0 +1,56 @@
+"""The one JSON Schema loader: every schema ships inside the package (`exl3tool/schemas/`).
+
+Schemas are read with `importlib.resources`, so a wheel install finds them wherever it lives;
+jsonschema is imported on first use only.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from importlib import resources
+from typing import Any
+
+from exl3tool.io.strict_json import pointer_join
+
+_REQUIRED = re.compile(r"'([^']*)' is a required property")
+
+
+def schema_text(name: str) -> str:
+    """The text of `exl3tool/schemas/<name>`."""
+    return resources.files("exl3tool.schemas").joinpath(name).read_text(encoding="utf-8")
+
+
+@functools.cache
+def schema(name: str) -> dict[str, Any]:
+    return json.loads(schema_text(name))
+
+
+@functools.cache
+def validator(name: str) -> Any:
+    """A draft 2020-12 validator for `exl3tool/schemas/<name>`."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(schema(name))
+
+
+def error_pointer(err: Any) -> tuple[str, tuple[Any, ...]]:
+    """The JSON pointer (and path) of one jsonschema error; `required` points at the missing member."""
+    path = tuple(err.absolute_path)
+    if err.validator == "required":
+        missing = _REQUIRED.findall(err.message)
+        path = (*path, *missing[:1])
+    ptr = ""
+    for tok in path:
+        ptr = pointer_join(ptr, tok)
+    return ptr, path
+
+
+def schema_errors(name: str, value: Any) -> list[tuple[str, str, tuple[Any, ...]]]:
+    """(JSON pointer, message, path) of every schema violation, sorted by pointer."""
+    out = []
+    for err in validator(name).iter_errors(value):
+        ptr, path = error_pointer(err)
+        out.append((ptr, err.message, path))
+    return sorted(out, key=lambda e: e[0])
