@@ -10,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from exl3tool.rules.errors import Exl3ToolError
+from exl3tool.rules.errors import Exl3ToolError, Interrupted
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,16 +31,17 @@ def fail(message: str, code: int) -> None:
 
 
 def handle_errors(fn: F) -> F:
-    """Turn exl3tool's user-facing errors into a one-line message and their exit code."""
+    """Turn exl3tool's user-facing errors and signals into a one-line message and their exit
+    code (the mapping is `actions.errors`, shared with the gate)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from exl3tool.actions import errors
+
         try:
             return fn(*args, **kwargs)
-        except Exl3ToolError as exc:
-            fail(str(exc), exc.exit_code)
-        except KeyboardInterrupt:
-            fail("interrupted", 130)
+        except (Exl3ToolError, KeyboardInterrupt, Interrupted) as exc:
+            fail(errors.message(exc), errors.exit_code(exc))
         except BrokenPipeError:
             raise typer.Exit(1) from None
 

@@ -8,15 +8,17 @@ commands (`gate/steps.py`), and records a per-artifact summary in `ArtifactRef.e
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exl3tool.actions.errors import message
 from exl3tool.actions.gate import hf
+from exl3tool.actions.gate import steps as gate_steps
 from exl3tool.actions.gate.config import ArtifactSpec, GateConfig
+from exl3tool.actions.gate.context import Context, StepResult, Target
 from exl3tool.actions.gate.infer import artifact_dir, default_role, sliced_tp
 from exl3tool.formats.detect import detect
 from exl3tool.report.model import ArtifactRef, Report
@@ -28,7 +30,6 @@ from exl3tool.rules.check import (
     GT_NOT_APPLICABLE,
     GT_STEP_FAILED,
 )
-from exl3tool.rules.errors import Exl3ToolError
 from exl3tool.rules.registry import Finding, Findings, Severity
 
 
@@ -57,24 +58,6 @@ def _display(path: Path, root: Path) -> Path:
         )
     except (OSError, ValueError):
         return path
-
-
-@dataclass(frozen=True)
-class Target:
-    """A resolved artifact and the checks asked of it."""
-
-    label: str
-    source: str  # what the config or command line wrote
-    path: Path | None
-    kind: str
-    role: str
-    base: Path | None = None
-    base_label: str | None = None
-    hash: bool = True
-    identity: Path | None = None
-    tp: tuple[int, ...] = ()
-    verify_swap: tuple[int, ...] = ()
-    sliced_for: int | None = None  # already rank-sliced / rank-sharded for this TP size
 
 
 @dataclass(frozen=True)
@@ -192,41 +175,13 @@ def plan(t: Target) -> list[Step]:
     return steps
 
 
-@dataclass
-class StepResult:
-    """What one step gives back; `status` is pass, fail or skipped."""
-
-    findings: Findings = field(default_factory=Findings)
-    status: str | None = None  # None: pass/fail from the findings
-    extra: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Context:
-    target: Target
-    threads: int | None
-    tmp_dir: Path | None
-    device: str = "cpu"
-
-
 def _run_step(step: Step, ctx: Context) -> StepResult:
-    from exl3tool.actions.gate import steps as actions
-
-    fn: Callable[..., StepResult] = actions.ACTIONS[step.action]
+    fn: Callable[..., StepResult] = gate_steps.ACTIONS[step.action]
     try:
         return fn(ctx, **step.args)
-    except Exl3ToolError as exc:
-        res = StepResult()
-        res.findings.add(GT_STEP_FAILED, f"{step.name}: {exc}", file=str(ctx.target.path))
-        return res
     except Exception as exc:  # a bug in a step must fail the gate, not pass it or crash it
         res = StepResult()
-        res.findings.add(
-            GT_STEP_FAILED,
-            f"{step.name}: internal error {type(exc).__name__}: {exc}",
-            file=str(ctx.target.path),
-        )
+        res.findings.add(GT_STEP_FAILED, f"{step.name}: {message(exc)}", file=str(ctx.target.path))
         return res
 
 
@@ -289,8 +244,3 @@ def run_check(
     leftover = [f for f in resolution if not any(f is g for g in report.findings)]
     report.add_findings(leftover)
     return report
-
-
-def temp_dir(ctx: Context, prefix: str) -> tempfile.TemporaryDirectory[str]:
-    """A scratch directory for slices and staged copies, removed when the step ends."""
-    return tempfile.TemporaryDirectory(prefix=f"exl3tool-check-{prefix}-", dir=ctx.tmp_dir)

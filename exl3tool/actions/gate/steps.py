@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exl3tool.actions.gate.run import Context, StepResult, temp_dir
+from exl3tool.actions.gate.context import Context, StepResult, temp_dir
 from exl3tool.rules.check import (
     GT_IDENTITY_FILE,
     GT_SKIPPED,

@@ -1,0 +1,42 @@
+"""The one mapping from an exception to an exit code and a one-line message.
+
+The CLI (`cli/common.py`) and the gate (`actions/gate/run.py`, where a failing step becomes a
+GT finding) both use it, so a given error reads and exits the same wherever it happens.
+"""
+
+from __future__ import annotations
+
+from exl3tool.rules.errors import Exl3ToolError, Interrupted
+
+# Exit codes (README "Exit codes"): what CI systems and scripts read.
+EXIT_OK = 0
+EXIT_FINDINGS = 1  # findings (errors, or warnings with --strict); an output was refused
+EXIT_USAGE = 2  # the command line asks for something impossible, or an extra is missing
+EXIT_INPUT = 3  # an input cannot be read at all
+EXIT_SIGINT = 130  # Ctrl-C (128 + SIGINT)
+EXIT_SIGTERM = 143  # terminated (128 + SIGTERM)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code an exception ends the command with."""
+    if isinstance(exc, Interrupted):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_SIGINT
+    if isinstance(exc, Exl3ToolError):
+        return exc.exit_code
+    return EXIT_FINDINGS
+
+
+def message(exc: BaseException) -> str:
+    """One line for the user: the error's own text, or what an unexpected one was."""
+    if isinstance(exc, KeyboardInterrupt | Interrupted):
+        return "interrupted" if exit_code(exc) == EXIT_SIGINT else "terminated"
+    if isinstance(exc, Exl3ToolError):
+        return str(exc)
+    return f"internal error {type(exc).__name__}: {exc}"
+
+
+def is_expected(exc: BaseException) -> bool:
+    """True for errors a user can cause (no traceback is due); False for a bug."""
+    return isinstance(exc, Exl3ToolError | KeyboardInterrupt | Interrupted)
