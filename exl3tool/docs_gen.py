@@ -6,26 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from exl3tool.rules.families import FAMILY_TITLES
 from exl3tool.rules.registry import all_rules, family_of
 
 RULES_MD = Path(__file__).resolve().parents[1] / "docs" / "rules.md"
 COMMANDS_DIR = RULES_MD.parent / "commands"
 HELP_WIDTH = 100  # fixed, so the pages do not depend on the terminal that generates them
 
-FAMILIES = {
-    "ST": "safetensors structure",
-    "JS": "JSON documents",
-    "PA": "paths",
-    "CK": "checkpoint container",
-    "EX": "EXL3 linears and tensor_storage",
-    "R7": "R7 checkpoints",
-    "RS": "rank-sliced (hybrid_tr3_tail) profile",
-    "MB": "MSRT bases (exl3-msrt-base/1)",
-    "CA": "MSRT cartridges",
-    "ID": "byte identities",
-    "TP": "tensor-parallel slicing",
-    "GT": "pre-publish gate (exl3tool check)",
-}
+FAMILIES = FAMILY_TITLES  # rules/families.py
 
 
 def _cell(text: str) -> str:

@@ -13,6 +13,9 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from exl3tool.rules.examples import EXAMPLES
+from exl3tool.rules.families import family_title
+
 # Modules that declare rules; `all_rules()` imports them. Add yours here.
 RULE_MODULES: tuple[str, ...] = (
     "exl3tool.rules.io",
@@ -48,10 +51,15 @@ class Rule:
     title: str
     why: str
     hint: str
+    example: str = ""  # an artifact fragment that triggers the rule (rules/examples.py)
 
     @property
     def family(self) -> str:
         return family_of(self.code)
+
+    @property
+    def family_title(self) -> str:
+        return family_title(self.family)
 
 
 def family_of(code: str) -> str:
@@ -64,7 +72,7 @@ _REGISTRY: dict[str, Rule] = {}
 
 def rule(code: str, name: str, severity: Severity | str, title: str, why: str, hint: str) -> Rule:
     """Declare (register) a rule; declaring the same code twice with other content is a bug."""
-    r = Rule(code, name, Severity(severity), title, why, hint)
+    r = Rule(code, name, Severity(severity), title, why, hint, EXAMPLES.get(code, ""))
     old = _REGISTRY.get(code)
     if old is not None and old != r:
         raise RuntimeError(f"rule code {code} declared twice with different content")

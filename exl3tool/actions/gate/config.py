@@ -15,6 +15,7 @@ from exl3tool.io.strict_json import pointer_join
 from exl3tool.rules.check import GT_CONFIG_SCHEMA
 from exl3tool.rules.errors import UsageError
 from exl3tool.rules.registry import Findings
+from exl3tool.rules.selection import RuleSelection
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,6 +62,7 @@ class GateConfig:
     device: str = "cpu"  # where verify-swap runs
     threads: int | None = None
     tmp_dir: str | None = None
+    rules: RuleSelection = field(default_factory=RuleSelection)  # select / ignore / severity
     root: Path = field(default_factory=Path)  # relative paths are resolved against it
     source: Path | None = None  # the file it came from; None when inferred from PATH arguments
 
@@ -78,6 +80,14 @@ def _tp(value: Any) -> tuple[int, ...] | None:
 
 def _swap(value: Any) -> bool | tuple[int, ...] | None:
     return value if value is None or isinstance(value, bool) else tuple(value)
+
+
+def _rules(data: dict[str, Any], label: str) -> RuleSelection:
+    """The select / ignore / severity keys; an unknown code or family is a usage error."""
+    try:
+        return RuleSelection.from_config(data)
+    except UsageError as exc:
+        raise UsageError(f"{label}: {exc}") from None
 
 
 def from_mapping(data: Any, *, root: Path, source: Path | None, findings: Findings) -> GateConfig:
@@ -128,6 +138,7 @@ def from_mapping(data: Any, *, root: Path, source: Path | None, findings: Findin
         device=data.get("device", "cpu"),
         threads=data.get("threads"),
         tmp_dir=data.get("tmp_dir"),
+        rules=_rules(data, label),
         root=root,
         source=source,
     )
