@@ -175,7 +175,7 @@ def compat_identity(
     `plan` reuses an `identity.logical.LogicalPlan` (then `ckpt` may be None); `sha256` reuses
     payload digests already computed by logical name.
     """
-    from exl3tool.identity.engine import hash_segments
+    from exl3tool.identity.engine import hash_segments, shard_stamps
     from exl3tool.identity.logical import build_plan
 
     if plan is None:
@@ -188,7 +188,13 @@ def compat_identity(
     known = dict(sha256 or {})
     todo = [lt for lt in cp.tensors if lt.name not in known]
     known.update(
-        hash_segments(((lt.name, lt.segments) for lt in todo), "sha256", threads, progress)
+        hash_segments(
+            ((lt.name, lt.segments) for lt in todo),
+            "sha256",
+            threads,
+            progress,
+            shard_stamps(ckpt.shards.values()) if ckpt is not None else None,
+        )
     )
     records: dict[int, list[dict[str, Any]]] = {}
     for lt in cp.tensors:

@@ -1,10 +1,12 @@
-"""The project's one hashing engine: tensor payloads and whole files over zero-copy mmap views.
+"""The project's one hashing engine: tensor payloads and whole files, read with pread.
 
 msrt-cartridge-format.md §11.1: hashlib and blake3 release the GIL for large buffers, so a pool
 of one-hasher-per-tensor workers scales with cores; a blake3 hasher is never shared between
 threads. Tensors too large to balance across the pool get a multi-threaded blake3 hasher.
-Pages are dropped from this process's mapping after each chunk (MADV_DONTNEED; the page cache
-keeps them), so resident memory stays near `threads x CHUNK` whatever the checkpoint size.
+Each worker reads into one reusable buffer (no mmap: a file truncated under a mapping kills the
+process with SIGBUS), so resident memory stays near `threads x CHUNK` whatever the checkpoint
+size. Every file is stamped at open and verified unchanged after hashing (issue 15): a file that
+shrank, changed or was replaced by a rename is `InputChanged` (exit 3), never a digest.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from exl3tool.io.safetensors import SafetensorsFile, TensorInfo
-from exl3tool.io.views import MappedFile
+from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo
+from exl3tool.io.views import InputChanged, PayloadFile
 from exl3tool.rules.errors import InputError, UsageError
 
 ALGORITHMS = ("blake3", "sha256")
@@ -78,33 +80,44 @@ def tensor_segment(st: SafetensorsFile, info: TensorInfo) -> Segment:
     return Segment(st.path, st.data_start + info.begin, st.data_start + info.end)
 
 
-def _map_all(paths: Iterable[Path]) -> dict[Path, MappedFile]:
-    maps: dict[Path, MappedFile] = {}
+def _open_all(
+    paths: Iterable[Path], expected: dict[Path, FileStamp] | None = None
+) -> dict[Path, PayloadFile]:
+    files: dict[Path, PayloadFile] = {}
     try:
         for p in paths:
-            if p not in maps:
-                maps[p] = MappedFile(p)
+            if p not in files:
+                files[p] = PayloadFile(p, (expected or {}).get(p))
+    except InputChanged:
+        _close_all(files)
+        raise
     except (OSError, ValueError) as exc:
-        for m in maps.values():
-            m.close()
-        raise InputError(f"{p}: cannot map for hashing: {exc}") from exc
-    return maps
+        _close_all(files)
+        raise InputError(f"{p}: cannot open for hashing: {exc}") from exc
+    return files
+
+
+def _close_all(files: dict[Path, PayloadFile]) -> None:
+    for f in files.values():
+        f.close()
 
 
 class _Tracker:
-    """One worker's bookkeeping: progress and page drops, batched every DROP_EVERY bytes
-    (each madvise costs a TLB shootdown across the pool's threads, so never per tensor)."""
+    """One worker's bookkeeping: its reusable read buffer, and progress batched every
+    DROP_EVERY bytes."""
 
-    def __init__(self, maps: dict[Path, MappedFile], progress: Any) -> None:
-        self._maps = maps
+    def __init__(self, progress: Any) -> None:
         self._progress = progress
         self._pending = 0
-        self._hull: dict[Path, tuple[int, int]] = {}
+        self._buf: memoryview | None = None
 
-    def note(self, path: Path, lo: int, hi: int) -> None:
-        old = self._hull.get(path)
-        self._hull[path] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
-        self._pending += hi - lo
+    def buffer(self, n: int) -> memoryview:
+        if self._buf is None or len(self._buf) < n:
+            self._buf = memoryview(bytearray(max(n, CHUNK)))
+        return self._buf[:n]
+
+    def note(self, n: int) -> None:
+        self._pending += n
         if self._pending >= DROP_EVERY:
             self.flush()
 
@@ -112,9 +125,6 @@ class _Tracker:
         if self._pending:
             self._progress.advance(self._pending)
             self._pending = 0
-        for p, (lo, hi) in self._hull.items():
-            self._maps[p].release(lo, hi)
-        self._hull.clear()
 
 
 def _constructor(algo: str) -> Any:
@@ -131,34 +141,29 @@ def _hash_job(
     segments: Sequence[Segment],
     algo: str,
     hasher_threads: int,
-    maps: dict[Path, MappedFile],
+    files: dict[Path, PayloadFile],
     track: _Tracker,
     ctor: Any = None,
 ) -> str:
+    for seg in segments:
+        f = files[seg.path]
+        if seg.end > f.size:
+            raise InputError(f"{seg.path}: payload [{seg.start}, {seg.end}) beyond {f.size} bytes")
     if hasher_threads == 1 and ctor is not None and len(segments) == 1:
         seg = segments[0]  # the common case: one tensor span, one update (GIL released)
         if seg.nbytes <= CHUNK:
-            mf = maps[seg.path]
-            if seg.end > mf.size:
-                raise InputError(
-                    f"{seg.path}: payload [{seg.start}, {seg.end}) beyond {mf.size} bytes"
-                )
-            with mf.buffer(seg.start, seg.end) as view:
-                h = ctor(view)
-            track.note(seg.path, seg.start, seg.end)
+            h = ctor(files[seg.path].read_into(track.buffer(seg.nbytes), seg.start))
+            track.note(seg.nbytes)
             return h.hexdigest()
     h = new_hasher(algo, hasher_threads)
     chunk = MT_CHUNK if hasher_threads > 1 else CHUNK
     for seg in segments:
-        mf = maps[seg.path]
-        if seg.end > mf.size:
-            raise InputError(f"{seg.path}: payload [{seg.start}, {seg.end}) beyond {mf.size} bytes")
+        f = files[seg.path]
         pos = seg.start
         while pos < seg.end:
             n = min(chunk, seg.end - pos)
-            with mf.buffer(pos, pos + n) as view:
-                h.update(view)
-            track.note(seg.path, pos, pos + n)
+            h.update(f.read_into(track.buffer(n), pos))
+            track.note(n)
             pos += n
     return h.hexdigest()
 
@@ -190,11 +195,13 @@ def hash_segments(
     algo: str = "sha256",
     threads: int | None = None,
     progress: ProgressLike | None = None,
+    expected: dict[Path, FileStamp] | None = None,
 ) -> dict[K, str]:
     """Hex digest per job of the concatenation of its segments, jobs hashed in parallel.
 
     A blake3 job larger than half its fair share of the work gets a hasher with `threads`
-    threads of its own.
+    threads of its own. `expected`: the stamp each file had when its header was read; a file
+    that differs at open, or whose open file or path differs after hashing, is InputChanged.
     """
     ctor = _constructor(algo)
     threads = max(1, threads or default_threads())
@@ -216,14 +223,14 @@ def hash_segments(
         big = algo == "blake3" and sizes[i] >= MT_MIN and sizes[i] > fair / 2
         return threads if big and threads > 1 else 1
 
-    maps = _map_all(seg.path for _, segs in items for seg in segs)
+    files = _open_all((seg.path for _, segs in items for seg in segs), expected)
     digests: dict[int, str] = {}
     errors: list[BaseException] = []
     queue = iter(units)
     lock = threading.Lock()
 
     def worker() -> None:
-        track = _Tracker(maps, prog)
+        track = _Tracker(prog)
         while not errors:
             with lock:
                 unit = next(queue, None)
@@ -231,7 +238,7 @@ def hash_segments(
                 break
             try:
                 for i in unit:
-                    digests[i] = _hash_job(items[i][1], algo, hasher_threads(i), maps, track, ctor)
+                    digests[i] = _hash_job(items[i][1], algo, hasher_threads(i), files, track, ctor)
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
                 break
@@ -252,9 +259,10 @@ def hash_segments(
                 t.join()
         if errors:
             raise errors[0]
+        for f in files.values():  # the stability proof: nothing changed while it was hashed
+            f.verify_unchanged()
     finally:
-        for m in maps.values():
-            m.close()
+        _close_all(files)
     return {items[i][0]: digests[i] for i in range(len(items))}
 
 
@@ -265,9 +273,14 @@ def hash_tensors(
     progress: ProgressLike | None = None,
 ) -> dict[K, str]:
     """Hex digest of each tensor's raw payload bytes (the safetensors data span, no header)."""
-    return hash_segments(
-        ((key, (tensor_segment(st, info),)) for key, st, info in items), algo, threads, progress
-    )
+    expected: dict[Path, FileStamp] = {}
+
+    def jobs() -> Iterator[tuple[K, tuple[Segment]]]:
+        for key, st, info in items:
+            expected.setdefault(st.path, st.stamp)
+            yield key, (tensor_segment(st, info),)
+
+    return hash_segments(jobs(), algo, threads, progress, expected)
 
 
 def hash_files(
@@ -275,8 +288,10 @@ def hash_files(
     algo: str = "sha256",
     threads: int | None = None,
     progress: ProgressLike | None = None,
+    expected: dict[Path, FileStamp] | None = None,
 ) -> dict[Path, str]:
-    """Hex digest of each whole file (as `sha256sum` / `b3sum` print it)."""
+    """Hex digest of each whole file (as `sha256sum` / `b3sum` print it). `expected`: stamps
+    taken when the files were first opened (a file replaced since is InputChanged)."""
     jobs = []
     for p in paths:
         p = Path(p)
@@ -285,4 +300,9 @@ def hash_files(
         except OSError as exc:
             raise InputError(f"{p}: {exc.strerror or exc}") from exc
         jobs.append((p, (Segment(p, 0, size),)))
-    return hash_segments(jobs, algo, threads, progress)
+    return hash_segments(jobs, algo, threads, progress, expected)
+
+
+def shard_stamps(shards: Iterable[SafetensorsFile]) -> dict[Path, FileStamp]:
+    """The stamp of each shard when its header was read (for `expected`)."""
+    return {st.path: st.stamp for st in shards}

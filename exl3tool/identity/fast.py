@@ -23,6 +23,7 @@ from exl3tool.identity.engine import (
     check_algo,
     hash_segments,
     new_hasher,
+    shard_stamps,
     tensor_segment,
 )
 from exl3tool.identity.logical import LogicalPlan, PlanProblem, build_plan
@@ -205,7 +206,8 @@ def compute_identity(
         assert ckpt is not None
         plan = build_plan(ckpt)
     plan = select(plan, layers)
-    digests = hash_segments(identity_jobs(plan), algo, threads, progress)
+    stamps = shard_stamps(ckpt.shards.values()) if ckpt is not None else None
+    digests = hash_segments(identity_jobs(plan), algo, threads, progress, stamps)
     ident = identity_from_digests(plan, digests, algo, selection=selection)
     if compat is not False:
         from exl3tool.identity.compat import compat_identity

@@ -1,102 +1,236 @@
-"""Zero-copy access to tensor payloads through mmap (never `safe_open().get_tensor()`)."""
+"""Tensor payloads read with pread into buffers (never mmap, never `safe_open().get_tensor()`).
+
+Why not mmap: a page of a mapping whose file was truncated under it raises SIGBUS on access,
+which kills the process with no report (issue 15). `pread` of a shrunk file returns fewer bytes
+instead; that becomes `InputChanged` (exit 3, the file named). Every open file keeps the
+(dev, ino, size, mtime_ns) seen at open; `verify_unchanged` compares them with the file now and
+with what its path names now (a shard replaced by a rename after it was opened).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from exl3tool.io.dtypes import numpy_dtype
-from exl3tool.io.safetensors import SafetensorsFile, TensorInfo
+from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo
+from exl3tool.rules.errors import InputError
 
 if TYPE_CHECKING:  # numpy is imported by `array()` only: hashing never needs it
     import numpy as np
 
 
-class MappedFile:
-    """A read-only mmap of a whole file; payload slices are memoryviews into it."""
+class InputChanged(InputError):
+    """An input changed, shrank or was replaced while it was read (exit 3, the file named)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        # O_NONBLOCK: a FIFO posing as a shard must not hang us; only regular files are mapped.
-        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as fh:
-            st = os.fstat(fh.fileno())
+
+def same_content(a: FileStamp, b: FileStamp) -> bool:
+    """The stability proof of issue 15: same (dev, ino, size, mtime_ns). ctime is left out: a
+    chmod or a new hard link changes it without touching the bytes."""
+    return (a.dev, a.ino, a.size, a.mtime_ns) == (b.dev, b.ino, b.size, b.mtime_ns)
+
+
+def stamp_of_path(path: Path) -> FileStamp | None:
+    """The stamp of what `path` names now (not following a final symlink), or None if gone."""
+    try:
+        return FileStamp.of(os.lstat(path))
+    except OSError:
+        return None
+
+
+def verify_stamp(path: Path, expected: FileStamp, what: str = "was read") -> None:
+    """InputChanged unless `path` still names a file with the `expected` stamp."""
+    now = stamp_of_path(path)
+    if now is None:
+        raise InputChanged(f"{path}: removed after it {what}")
+    if not same_content(now, expected):
+        raise InputChanged(f"{path}: changed after it {what} ({_diff(expected, now)})")
+
+
+def _diff(a: FileStamp, b: FileStamp) -> str:
+    parts = []
+    if (a.dev, a.ino) != (b.dev, b.ino):
+        parts.append("replaced by another file")
+    if a.size != b.size:
+        parts.append(f"size {a.size} -> {b.size}")
+    if a.mtime_ns != b.mtime_ns:
+        parts.append("modified")
+    return ", ".join(parts) or "changed"
+
+
+class PayloadFile:
+    """An open input file: byte ranges are read with pread, so a shrinking file is an error,
+    never a signal. `buffer` returns a private copy; `read_into` fills a reusable buffer."""
+
+    def __init__(self, path: Path, expected: FileStamp | None = None) -> None:
+        self.path = Path(path)
+        # O_NONBLOCK: a FIFO posing as a shard must not hang us; only regular files are read.
+        self._fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            st = os.fstat(self._fd)
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EINVAL, "not a regular file", str(path))
-            self.size = st.st_size
-            self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
+            self.stamp = FileStamp.of(st)
+            if expected is not None and not same_content(expected, self.stamp):
+                what = _diff(expected, self.stamp)
+                raise InputChanged(f"{path}: changed after its header was read ({what})")
+        except BaseException:
+            os.close(self._fd)
+            self._fd = None
+            raise
+        self.size = self.stamp.size
+
+    def _fileno(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self.path}: file is closed")
+        return self._fd
+
+    def read_into(self, buf: memoryview, start: int) -> memoryview:
+        """Fill all of `buf` from offset `start`; InputChanged if the file ends before."""
+        fd = self._fileno()
+        want = len(buf)
+        got = 0
+        while got < want:
+            try:
+                n = os.preadv(fd, [buf[got:]], start + got)
+            except OSError as exc:
+                raise InputChanged(f"{self.path}: read failed: {exc.strerror or exc}") from exc
+            if n <= 0:
+                end = start + want
+                raise InputChanged(
+                    f"{self.path}: shrank while it was read (range [{start}, {end}) ends past "
+                    f"byte {start + got}; {self.size} bytes at open)"
+                )
+            got += n
+        return buf
 
     def buffer(self, start: int, end: int) -> memoryview:
-        if self._mm is None or end > self.size:
-            if start == end:
-                return memoryview(b"")
-            raise ValueError(f"{self.path}: range [{start}, {end}) beyond {self.size} bytes")
-        return memoryview(self._mm)[start:end]
+        """A private copy of bytes [start, end)."""
+        if not 0 <= start <= end:
+            raise InputChanged(f"{self.path}: invalid range [{start}, {end})")
+        if end > self.size:
+            raise InputChanged(f"{self.path}: range [{start}, {end}) beyond {self.size} bytes")
+        if start == end:
+            return memoryview(b"")
+        return self.read_into(memoryview(bytearray(end - start)), start)
+
+    def verify_unchanged(self) -> None:
+        """InputChanged if the open file or what its path names differs from the stamp at open."""
+        now = FileStamp.of(os.fstat(self._fileno()))
+        if not same_content(now, self.stamp):
+            raise InputChanged(f"{self.path}: changed while it was read ({_diff(self.stamp, now)})")
+        verify_stamp(self.path, self.stamp, "was opened")
 
     def release(self, start: int, end: int) -> None:
-        """Unmap [start, end) from this process (pages stay in the page cache): keeps the
-        resident set small while streaming through files larger than memory."""
-        if self._mm is None or not hasattr(self._mm, "madvise") or end <= start:
-            return
-        page = mmap.PAGESIZE
-        lo = start - start % page
-        hi = min(end + (-end % page), self.size + (-self.size % page))
-        with contextlib.suppress(OSError, ValueError):
-            self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        """Kept for callers of the mmap era: a pread buffer holds no pages of the file."""
+        return None
 
     def advise_random(self) -> None:
-        """Scattered small reads: stop the kernel's readahead around every fault."""
-        if self._mm is not None and hasattr(mmap, "MADV_RANDOM"):
-            with contextlib.suppress(OSError, ValueError):
-                self._mm.madvise(mmap.MADV_RANDOM)
+        self._advise("POSIX_FADV_RANDOM")
 
     def advise_sequential(self) -> None:
-        if self._mm is not None and hasattr(self._mm, "madvise"):
-            self._mm.madvise(mmap.MADV_SEQUENTIAL)
+        self._advise("POSIX_FADV_SEQUENTIAL")
+
+    def _advise(self, name: str) -> None:
+        advice = getattr(os, name, None)
+        if self._fd is not None and advice is not None:
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self._fd, 0, 0, advice)
 
     def close(self) -> None:
-        if self._mm is not None:
-            with contextlib.suppress(BufferError):  # a live view; the GC closes it later
-                self._mm.close()
-            self._mm = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
-    def __enter__(self) -> MappedFile:
+    def __enter__(self) -> PayloadFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+GATHER_GAP = 64 << 10  # bytes of gap still worth reading through (one pread instead of two)
+MappedFile = PayloadFile  # the name of the mmap era, kept for existing importers
+
 
 class TensorReader:
-    """Maps each shard once and serves payload bytes and numpy views by tensor."""
+    """Opens each shard once and serves payload bytes and numpy arrays by tensor."""
 
     def __init__(self) -> None:
-        self._maps: dict[Path, MappedFile] = {}
+        self._maps: dict[Path, PayloadFile] = {}  # the name of the mmap era (subclasses use it)
 
-    def _map(self, st: SafetensorsFile) -> MappedFile:
-        m = self._maps.get(st.path)
-        if m is None:
-            m = self._maps[st.path] = MappedFile(st.path)
-        return m
+    def _map(self, st: SafetensorsFile) -> PayloadFile:
+        f = self._maps.get(st.path)
+        if f is None:
+            try:
+                f = PayloadFile(st.path, st.stamp)
+            except OSError as exc:
+                raise InputChanged(f"{st.path}: cannot reopen: {exc.strerror or exc}") from exc
+            self._maps[st.path] = f
+        return f
 
     def payload(self, st: SafetensorsFile, info: TensorInfo) -> memoryview:
         return self._map(st).buffer(st.data_start + info.begin, st.data_start + info.end)
 
     def array(self, st: SafetensorsFile, info: TensorInfo) -> np.ndarray:
-        """A read-only numpy view of the tensor (BF16/FP8 as raw unsigned ints)."""
+        """A read-only numpy copy of the tensor (BF16/FP8 as raw unsigned ints)."""
         import numpy as np
 
         dt = numpy_dtype(info.dtype)
         buf = self.payload(st, info)
-        return np.frombuffer(buf, dtype=dt, count=info.numel).reshape(info.shape)
+        arr = np.frombuffer(buf, dtype=dt, count=info.numel).reshape(info.shape)
+        arr.flags.writeable = False
+        return arr
+
+    def gather(self, st: SafetensorsFile, spans: list[tuple[int, int]]) -> tuple[Any, Any]:
+        """Many small payload spans of one shard ([begin, end) relative to its data section) in
+        one packed uint8 array: returns (data, pos), span i at data[pos[i] : pos[i] + its length].
+        Each pos keeps its begin's alignment mod 16 (word views stay possible); spans closer than
+        GATHER_GAP are read with one pread."""
+        import numpy as np
+
+        f = self._map(st)
+        base = st.data_start
+        order = sorted(range(len(spans)), key=lambda i: spans[i][0])
+        runs: list[list[int]] = []  # [begin, end] of each pread, relative to the data section
+        run_of = [0] * len(spans)
+        for i in order:
+            b, e = spans[i]
+            if runs and b - runs[-1][1] <= GATHER_GAP:
+                runs[-1][1] = max(runs[-1][1], e)
+            else:
+                runs.append([b, e])
+            run_of[i] = len(runs) - 1
+        data = np.zeros(sum(e - b + 16 for b, e in runs), dtype=np.uint8)
+        view = memoryview(data)
+        shift: list[int] = []  # packed position minus relative begin, per run
+        at = 0
+        for b, e in runs:
+            at += (b - at) % 16  # the same alignment mod 16 as in the data section
+            if e > b:
+                f.read_into(view[at : at + e - b], base + b)
+            shift.append(at - b)
+            at += e - b
+        pos = np.fromiter(
+            (spans[i][0] + shift[run_of[i]] for i in range(len(spans))), np.int64, len(spans)
+        )
+        return data, pos
+
+    def verify_unchanged(self) -> None:
+        for f in self._maps.values():
+            f.verify_unchanged()
 
     def close(self) -> None:
-        for m in self._maps.values():
-            m.close()
+        for f in self._maps.values():
+            f.close()
         self._maps.clear()
 
     def __enter__(self) -> TensorReader:
