@@ -5,6 +5,11 @@ A reader never sees a half-written output, an existing output is only replaced w
 temporary directory is held under an exclusive `flock` while in use, so that
 `remove_stale_temps` removes only what a killed run left behind, never the work of a run that
 is still going (two runs writing the same OUT at once).
+
+Publication itself (the final existence check and the rename) runs under a per-output lock, the
+flock of a hidden `.NAME.lock` sibling (issue 15 item 4): of two runs publishing the same OUT,
+the second waits, then gets the clean "exists; pass --force" error; without `force` nothing
+already published is ever moved aside or removed.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from exl3tool.rules.errors import OutputError
@@ -106,8 +111,61 @@ def remove_stale_temps(target: Path) -> list[Path]:
     return removed
 
 
+# Test hook: called under the output lock right before the rename (a delayed rename makes the
+# check-then-rename race of two publishers deterministic in tests).
+before_rename: Callable[[Path], None] | None = None
+
+
+def _lock_file(path: Path) -> int:
+    """An fd holding the exclusive flock of the lock file `path` (created if absent). A lock
+    file unlinked by its last holder while we waited is not ours: open the new one again."""
+    import fcntl
+
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def output_lock(target: Path) -> Iterator[None]:
+    """Hold the per-output lock of `target` (its `.NAME.lock` sibling, removed on release)."""
+    if sys.platform == "win32":  # no flock: rename there fails on an existing target anyway
+        yield
+        return
+    path = target.parent / f".{target.name}.lock"
+    try:
+        fd = _lock_file(path)
+    except OSError as exc:
+        raise OutputError(f"cannot lock {path}: {exc.strerror or exc}") from exc
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while still held: a waiter then re-opens (see _lock_file)
+        os.close(fd)
+
+
+def _publish(tmp: Path, target: Path, force: bool) -> None:
+    """Under the output lock: check that target may be written, then rename tmp onto it."""
+    with output_lock(target):
+        _check_target(target, force)
+        if before_rename is not None:
+            before_rename(target)
+        _replace(tmp, target)
+
+
 def _replace(tmp: Path, target: Path) -> None:
-    """Move tmp onto target; an existing target is moved aside first and removed after."""
+    """Move tmp onto target; an existing target (only with force) is moved aside first and
+    removed after."""
     if target.exists() or target.is_symlink():
         trash, lock = _temp_dir(target, "old")
         try:
@@ -121,7 +179,10 @@ def _replace(tmp: Path, target: Path) -> None:
             shutil.rmtree(trash, ignore_errors=True)
             _unlock(lock)
     else:
-        os.rename(tmp, target)
+        try:
+            os.rename(tmp, target)
+        except OSError as exc:  # ENOTEMPTY/EEXIST: published by a writer outside our lock
+            raise OutputError(f"{target} exists; pass --force to replace it") from exc
     fsync_path(target.parent)
 
 
@@ -134,8 +195,7 @@ def atomic_dir(target: Path, *, force: bool = False) -> Iterator[Path]:
     try:
         yield tmp
         fsync_tree(tmp)
-        _check_target(target, force)
-        _replace(tmp, target)
+        _publish(tmp, target, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -156,8 +216,7 @@ def atomic_file(target: Path, *, force: bool = False, mode: str = "wb") -> Itera
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
-        _check_target(target, force)
-        _replace(tmp, target)
+        _publish(tmp, target, force)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
