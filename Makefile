@@ -2,13 +2,13 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 STAMP := .install.stamp
 
-.PHONY: install demo test lint docs bench clean
+.PHONY: install demo test lint ci docs bench clean
 
-# torch: take the CPU build on disk (2.13) when no torch is importable, so that
-# the range in pyproject never pulls a multi-GB CUDA build.
+# torch: take the CPU build on disk (2.13) when no torch is importable, so that the
+# `runtime` extra's range never pulls a multi-GB CUDA build. The core install has no torch.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[dev,plot]"
+	$(PIP) install -q -e ".[dev,plot,runtime]"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -22,6 +22,11 @@ test: install
 lint: install
 	$(PYTHON) -m ruff check exl3tool tests benchmarks
 	$(PYTHON) -m ruff format --check exl3tool tests benchmarks
+	lint-imports
+
+# What CI runs: lint, the built wheel in a fresh venv without torch, then the test suite.
+ci:
+	bash .ci/run
 
 docs: install
 	$(PYTHON) -m exl3tool.docs_gen

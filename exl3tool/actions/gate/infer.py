@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from exl3tool.actions.gate.config import ArtifactSpec, GateConfig
-from exl3tool.actions.gate.hf import parse_hf_id
 from exl3tool.formats.detect import Kind, detect
+from exl3tool.io.hf_cache import parse_hf_id
 from exl3tool.io.jsonfile import read_json
 from exl3tool.rules.registry import Findings
 
