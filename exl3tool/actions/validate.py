@@ -1,4 +1,7 @@
-"""`validate_path`: detect what a path is and run its family's checks (the `validate` library API)."""
+"""`exl3tool validate`: detect what each path is and run its family's checks.
+
+`run(Options)` is the command; `validate_path` the library API of one artifact (the gate, the
+pre-commit hook and the benchmarks call it)."""
 
 from __future__ import annotations
 
@@ -8,14 +11,18 @@ import gc
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from exl3tool.actions.inputs import resolve_input, resolve_optional
+from exl3tool.checks.boundary import crash_rule, family_boundary
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect
-from exl3tool.report.model import ArtifactRef
+from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.rules import checkpoint as ck
-from exl3tool.rules.errors import InputError
+from exl3tool.rules.errors import InputError, UsageError
 from exl3tool.rules.registry import Findings, Location
 
 CHECKPOINT_KINDS = (Kind.EXL3, Kind.R7, Kind.RANK_SLICED, Kind.SAFETENSORS, Kind.MSRT_BASE)
@@ -77,6 +84,9 @@ def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptio
         from exl3tool.checks.exl3 import check_exl3
 
         check_exl3(ckpt, findings, options)
+    from exl3tool.checks.conformance import check_conformance
+
+    check_conformance(ckpt, kind, findings, options)
     return extra
 
 
@@ -132,7 +142,8 @@ def validate_path(path: Path, options: ValidateOptions) -> tuple[ArtifactRef, Fi
     kind = detect(path)
     findings = Findings()
     try:
-        with _no_cyclic_gc():
+        extra: dict = {}
+        with _no_cyclic_gc(), family_boundary(findings, crash_rule(kind.value)):
             extra = _dispatch(path, kind, findings, options)
     except (PermissionError, IsADirectoryError) as exc:
         raise InputError(f"{exc.filename or path}: {exc.strerror or exc}") from exc
@@ -140,47 +151,43 @@ def validate_path(path: Path, options: ValidateOptions) -> tuple[ArtifactRef, Fi
     return ArtifactRef(str(path), kind.value, extra), _anchor(path, findings)
 
 
-# --- `inspect`: what a checkpoint holds (no rules) ------------------------------------------------
+@dataclass(frozen=True)
+class Options:
+    """What `exl3tool validate` was asked (paths may be `org/name[@revision]`)."""
+
+    paths: tuple[str, ...]
+    tp: int | None = None
+    hash: bool = False
+    base: str | None = None
+    threads: int | None = None
+    quiet: bool = False
+    selection: Any = None  # a rules.selection.RuleSelection, applied to every finding
 
 
-def describe(path: Path) -> tuple[dict, dict[tuple[int, int, str], int]]:
-    """Facts for `exl3tool inspect`: kind, layers, experts, K histogram per projection, average
-    bits per weight of the routed experts, tier per layer, sizes; and K per (layer, expert, proj)
-    for plots. Rank slices of one projection count once for K and fully for bits per weight."""
-    from collections import Counter
+def check_counts(tp: int | None, threads: int | None) -> None:
+    """UsageError for a TP size or thread count below one."""
+    if tp is not None and tp < 1:
+        raise UsageError(f"--tp must be >= 1, got {tp}")
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
 
-    from exl3tool.checks.checkpoint import expert_table
-    from exl3tool.formats.names import PROJECTIONS
 
-    path = Path(path)
-    check_readable(Path(path))
-    kind = detect(path)
-    info: dict = {"path": str(path), "kind": kind.value}
-    if kind not in CHECKPOINT_KINDS:
-        return info, {}
-    ckpt = load_checkpoint(path, Findings())
-    info.update(_facts(ckpt))
-    info["file_bytes"] = sum(st.file_size for st in ckpt.shards.values())
-    table = expert_table(ckpt.tensors)
-    entries = list(table.plain.items()) + [((k[0], k[1], k[2]), p) for k, p in table.ranked.items()]
-    grid: dict[tuple[int, int, str], int] = {}
-    weights = bits = 0
-    for key, parts in entries:
-        t = parts.get("trellis")
-        if t is None or len(t.info.shape) != 3 or t.info.shape[2] % 16:
-            continue
-        s0, s1, s2 = t.info.shape
-        grid.setdefault(key, s2 // 16)
-        weights += s0 * s1 * 256
-        bits += s0 * s1 * 16 * s2
-    hist: dict[str, Counter] = {p: Counter() for p in PROJECTIONS}
-    per_layer: dict[int, set[int]] = {}
-    for (layer, _e, proj), k in grid.items():
-        hist[proj][k] += 1
-        per_layer.setdefault(layer, set()).add(k)
-    info["layers"] = sorted(per_layer)
-    info["experts"] = len({key[1] for key in grid})
-    info["k_histogram"] = {p: {str(k): n for k, n in sorted(c.items())} for p, c in hist.items()}
-    info["routed_bpw"] = round(bits / weights, 4) if weights else None
-    info["tiers"] = {str(layer): len(ks) for layer, ks in sorted(per_layer.items())}
-    return info, grid
+def run(opts: Options) -> Report:
+    """Validate every path into one report; InputError (exit 3) before any work when one path
+    cannot be read."""
+    from exl3tool.io.progress import set_quiet
+
+    check_counts(opts.tp, opts.threads)
+    set_quiet(opts.quiet)
+    paths = [resolve_input(p) for p in opts.paths]
+    options = ValidateOptions(
+        tp=opts.tp, hash=opts.hash, base=resolve_optional(opts.base), threads=opts.threads
+    )
+    for path in paths:
+        check_readable(path)
+    report = Report()
+    for path in paths:
+        ref, findings = validate_path(path, options)
+        report.artifacts.append(ref)
+        report.add_findings(opts.selection.apply(findings) if opts.selection else findings)
+    return report

@@ -1,4 +1,8 @@
-"""What every command shares: the error -> exit code mapping and common options."""
+"""What every command shares: the error -> exit code handling and the common options.
+
+The CLI imports only `exl3tool.actions`, `exl3tool.report`, `exl3tool.rules` and the version;
+heavier modules are imported inside the commands, so `exl3tool --help` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 
@@ -14,15 +18,32 @@ from exl3tool.rules.errors import Exl3ToolError, Interrupted
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Exit codes (README): 0 clean, 1 findings/errors, 2 usage error, 3 input cannot be read.
+# Exit codes (README "Exit codes"; the same numbers as exl3tool.actions.errors, which is not
+# imported here to keep start-up light).
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INPUT = 0, 1, 2, 3
+EXIT_HELP = (
+    "Exit codes: 0 clean, 1 findings, 2 usage error or missing extra, 3 unreadable input, "
+    "130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."
+)
 
-FormatOpt = Annotated[
-    str, typer.Option("--format", "-f", help="Output format: text, json, sarif or junit.")
-]
+REPORT_FORMATS = ("text", "json", "sarif", "junit")
+ARTIFACT_HELP = "a path, or org/name[@revision] in the local Hugging Face cache"
+
+
+def _format_help(choices: tuple[str, ...], what: str = "Output format") -> Any:
+    return typer.Option("--format", "-f", help=f"{what}: {', '.join(choices)}.")
+
+
+# Literal choices: typer lists them in --help and in the error for a wrong one (exit 2).
+FormatOpt = Annotated[Literal["text", "json", "sarif", "junit"], _format_help(REPORT_FORMATS)]
+TextJsonOpt = Annotated[Literal["text", "json"], _format_help(("text", "json"))]
 OutputOpt = Annotated[
-    Path | None, typer.Option("--output", help="Write the report to this file instead of stdout.")
+    Path | None,
+    typer.Option(
+        "--output", "-o", help="Write the report to this file (atomically) instead of stdout."
+    ),
 ]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output.")]
 
 
 def fail(message: str, code: int) -> None:
@@ -36,11 +57,11 @@ def handle_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from exl3tool.actions import errors
-
         try:
             return fn(*args, **kwargs)
         except (Exl3ToolError, KeyboardInterrupt, Interrupted) as exc:
+            from exl3tool.actions import errors
+
             fail(errors.message(exc), errors.exit_code(exc))
         except BrokenPipeError:
             raise typer.Exit(1) from None
@@ -48,7 +69,47 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def check_format(fmt: str, allowed: tuple[str, ...] = ("text", "json", "sarif", "junit")) -> str:
+def check_format(fmt: str, allowed: tuple[str, ...] = REPORT_FORMATS) -> str:
     if fmt not in allowed:
         fail(f"unknown --format {fmt!r}; choose one of {', '.join(allowed)}", EXIT_USAGE)
     return fmt
+
+
+SelectOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--select",
+        metavar="CODE[,CODE...]",
+        help="Report only these rules: codes or families (R7, CA) or ALL; repeatable.",
+        show_default=False,
+    ),
+]
+IgnoreOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--ignore",
+        metavar="CODE[,CODE...]",
+        help="Do not report these rules (codes or families); repeatable.",
+        show_default=False,
+    ),
+]
+SeverityOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--severity",
+        metavar="CODE=LEVEL",
+        help="Report a rule (or family) at error, warning or info; repeatable.",
+        show_default=False,
+    ),
+]
+
+
+def rule_selection(
+    select: list[str] | None, ignore: list[str] | None, severity: list[str] | None
+) -> Any:
+    """The RuleSelection of --select/--ignore/--severity (None when none is given)."""
+    if not (select or ignore or severity):
+        return None
+    from exl3tool.rules.selection import RuleSelection
+
+    return RuleSelection.from_options(select or (), ignore or (), severity or ())

@@ -7,17 +7,28 @@ from typing import Annotated
 
 import typer
 
-from exl3tool.checks.options import ValidateOptions
-from exl3tool.cli.common import FormatOpt, OutputOpt, check_format, handle_errors
-from exl3tool.rules.errors import UsageError
+from exl3tool.cli.common import (
+    ARTIFACT_HELP,
+    EXIT_HELP,
+    ForceOpt,
+    FormatOpt,
+    IgnoreOpt,
+    OutputOpt,
+    SelectOpt,
+    SeverityOpt,
+    handle_errors,
+    rule_selection,
+)
 
 
 @handle_errors
 def validate(
     paths: Annotated[
-        list[Path],
+        list[str],
         typer.Argument(
-            help="Checkpoint directories (EXL3, R7, rank-sliced, MSRT base), cartridges or .safetensors files."
+            help="Checkpoint directories (EXL3, R7, rank-sliced, MSRT base), cartridges or "
+            f".safetensors files; each {ARTIFACT_HELP}.",
+            metavar="PATH...",
         ),
     ],
     tp: Annotated[
@@ -31,13 +42,20 @@ def validate(
     ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
     base: Annotated[
-        Path | None, typer.Option("--base", help="Base checkpoint a cartridge is checked against.")
+        str | None,
+        typer.Option(
+            "--base", help=f"Base checkpoint a cartridge is checked against ({ARTIFACT_HELP})."
+        ),
     ] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", help="Hashing threads (default: all cores).")
     ] = None,
     fmt: FormatOpt = "text",
     output: OutputOpt = None,
+    force: ForceOpt = False,
+    select: SelectOpt = None,
+    ignore: IgnoreOpt = None,
+    severity: SeverityOpt = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Only errors; no summary table or progress bar.")
     ] = False,
@@ -45,25 +63,23 @@ def validate(
     """Validate EXL3/R7 checkpoints, MSRT bases and cartridges without a GPU.
 
     Exit 0: no errors; 1: errors (or warnings with --strict); 2: usage error; 3: a PATH
-    cannot be read."""
-    check_format(fmt)
-    if tp is not None and tp < 1:
-        raise UsageError(f"--tp must be >= 1, got {tp}")
-    if threads is not None and threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {threads}")
-    from exl3tool.actions.validate import check_readable, validate_path
-    from exl3tool.io.progress import set_quiet
-    from exl3tool.report.model import Report
-    from exl3tool.report.render import emit
+    cannot be read; 130/143: interrupted."""
+    from exl3tool.actions import validate as action
+    from exl3tool.report.render import check_output, emit
 
-    set_quiet(quiet)
-    options = ValidateOptions(tp=tp, hash=hash_, base=base, threads=threads)
-    for path in paths:  # exit 3 before any work when one PATH cannot be read
-        check_readable(path)
-    report = Report()
-    for path in paths:
-        ref, findings = validate_path(path, options)
-        report.artifacts.append(ref)
-        report.add_findings(findings)
-    emit(report, fmt, output, quiet=quiet)
+    check_output(output, force)
+    opts = action.Options(
+        paths=tuple(paths),
+        tp=tp,
+        hash=hash_,
+        base=base,
+        threads=threads,
+        quiet=quiet,
+        selection=rule_selection(select, ignore, severity),
+    )
+    report = action.run(opts)
+    emit(report, fmt, output, quiet=quiet, force=force)
     raise typer.Exit(report.exit_code(strict))
+
+
+_ = (Path, EXIT_HELP)

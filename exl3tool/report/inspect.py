@@ -1,0 +1,58 @@
+"""`exl3tool inspect` as text: a facts table, the K histogram per projection and the tiers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _facts(info: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = [("kind", info["kind"])]
+    if "tensors" in info:
+        layers = info.get("layers") or []
+        span = f"{layers[0]}..{layers[-1]} ({len(layers)})" if layers else "none"
+        rows += [
+            ("shards / tensors", f"{info['shards']} / {info['tensors']}"),
+            ("payload bytes", f"{info['bytes']:,}"),
+            ("file bytes", f"{info['file_bytes']:,}"),
+            ("routed-expert layers", span),
+            ("experts per layer", str(info.get("experts", 0))),
+        ]
+        if info.get("routed_bpw") is not None:
+            rows.append(("routed bits per weight", f"{info['routed_bpw']:.4g}"))
+    return rows
+
+
+def print_inspect(info: dict[str, Any]) -> None:
+    """Print the description with rich (tables fit the terminal, 80 columns when piped)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"exl3tool inspect {escape(info['path'])}", show_header=False)
+    table.add_column("field", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for k, v in _facts(info):
+        table.add_row(k, escape(str(v)))
+    console.print(table)
+    hist = info.get("k_histogram") or {}
+    ks = sorted({k for h in hist.values() for k in h}, key=int)
+    if ks:
+        kt = Table(title="K histogram per projection")
+        kt.add_column("projection")
+        for k in ks:
+            kt.add_column(f"K={k}", justify="right")
+        for proj, h in hist.items():
+            kt.add_row(proj, *(str(h.get(k, 0)) for k in ks))
+        console.print(kt)
+    tiers = info.get("tiers") or {}
+    if tiers:
+        counts: dict[int, list[str]] = {}
+        for layer, t in tiers.items():
+            counts.setdefault(t, []).append(layer)
+        tt = Table(title="tier per layer", caption="tier = distinct K across gate/up/down")
+        tt.add_column("tier", justify="right")
+        tt.add_column("layers", overflow="fold")
+        for t, layers in sorted(counts.items()):
+            tt.add_row(str(t), ", ".join(layers))
+        console.print(tt)
