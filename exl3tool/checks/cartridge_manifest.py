@@ -167,8 +167,16 @@ def _check_created(m: dict[str, Any], rep: _Reporter) -> None:
     value = m.get("created_utc")
     if not isinstance(value, str):
         return
+    if value.endswith("z"):
+        # RFC 3339 §5.6 allows a lowercase z; the runtime's fromisoformat refuses it
+        rep.add(
+            ca.CA_CREATED_UTC,
+            f"{value!r} ends in a lowercase 'z': RFC 3339 allows it, the runtime refuses it",
+            "/created_utc",
+        )
+        return
     try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         rep.add(ca.CA_CREATED_UTC, f"{value!r} is not an RFC 3339 date-time", "/created_utc")
         return

@@ -11,6 +11,7 @@ is reassembled logically first (`identity.logical`), so the identity is layout-f
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -180,7 +181,7 @@ def compat_identity(
 
     if plan is None:
         assert ckpt is not None
-        plan = build_plan(ckpt)
+        plan = build_plan(runtime_view(ckpt))
     cp = prepare(plan, k)
     ident = CompatIdentity(cp.k, problems=cp.problems)
     if cp.k is None or not cp.tensors:
@@ -213,6 +214,30 @@ def compat_identity(
 
 
 _MCG_SHA = hashlib.sha256(MCG_BYTES).hexdigest()
+
+
+def stray_ranks(ckpt: Checkpoint) -> list[str]:
+    """Expert tensors of an MSRT base stored under a rank other than 0 (MB005)."""
+    tail = (ckpt.config or {}).get("hybrid_tr3_tail")
+    if not isinstance(tail, dict) or tail.get("runtime_profile") != "exl3-msrt-base/1":
+        return []
+    out = []
+    for name in ckpt.tensors:
+        en = parse_expert(name) if ".rank" in name else None
+        if en is not None and en.rank not in (None, 0):
+            out.append(name)
+    return out
+
+
+def runtime_view(ckpt: Checkpoint) -> Checkpoint:
+    """The tensors the runtime loads from a base: it drops every rank >= 1 name and computes the
+    identity over rank0 (msrt-cartridge-format.md §5), so a stray `.rank1.` tensor is MB005, not
+    a different identity. Other artifacts are returned unchanged."""
+    stray = set(stray_ranks(ckpt))
+    if not stray:
+        return ckpt
+    kept = {n: r for n, r in ckpt.tensors.items() if n not in stray}
+    return dataclasses.replace(ckpt, tensors=kept)
 
 
 _BASE_CACHE: dict[tuple[Any, ...], CompatIdentity] = {}

@@ -210,10 +210,13 @@ def compute_identity(
     digests = hash_segments(identity_jobs(plan), algo, threads, progress, stamps)
     ident = identity_from_digests(plan, digests, algo, selection=selection)
     if compat is not False:
-        from exl3tool.identity.compat import compat_identity
+        from exl3tool.identity.compat import compat_identity, stray_ranks
 
         sha = {n: t.digest for n, t in ident.tensors.items()} if algo == "sha256" else None
-        c = compat_identity(None, threads=threads, progress=progress, plan=plan, sha256=sha)
+        if ckpt is not None and stray_ranks(ckpt):  # the runtime's view: rank0 only
+            c = compat_identity(ckpt, threads=threads, progress=progress)
+        else:
+            c = compat_identity(None, threads=threads, progress=progress, plan=plan, sha256=sha)
         if c.root is not None and (compat or not c.problems):
             ident.compatibility = c
     return ident

@@ -108,3 +108,13 @@ CK_QUANT_CONFIG = rule(
     "vLLM reads tensor_storage (and the R7 block) from quantization_config.json.",
     "Ship quantization_config.json next to config.json.",
 )
+CK_EXPERT_FIELD = rule(
+    "CK030",
+    "expert-namespace-unknown",
+    E,
+    "Unknown tensor in a routed expert's namespace",
+    "The model's weight loader maps every `…mlp.experts.{E}.{proj}.*` name onto an expert "
+    "parameter; a field that is not trellis, suh, svh, su, sv, mcg or mul1 (rank-sliced: "
+    "`.rank{r}.` + trellis|suh|svh|mcg|mul1) has no parameter and fails the load.",
+    "Remove the tensor (and its index entry), or store it outside the expert namespace.",
+)

@@ -213,3 +213,12 @@ EX_ROUTER = rule(
     "hidden_size] (its optional `e_score_correction_bias` [routed experts]) in F16, BF16 or F32.",
     "Store the router as [experts, hidden] (bias [experts]) in F16, BF16 or F32.",
 )
+EX_NO_RECORDS = rule(
+    "EX030",
+    "tensor-storage-no-exl3-record",
+    E,
+    "tensor_storage holds no record with quant_format exl3",
+    "The runtime (Exl3Config._validate_storage_metadata) refuses a tensor_storage map without "
+    "any EXL3 record.",
+    "Regenerate quantization_config.json from the shards.",
+)

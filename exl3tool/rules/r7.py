@@ -444,3 +444,32 @@ RS_TIER_BITMAP = rule(
     'bits "mixed" needs k_values (3..6) and bits_per_expert "tier_bitmap.json:k" with a K per expert (§7.1).',
     "Ship tier_bitmap.json and declare k_values.",
 )
+R7_STORAGE_REQUIRED = rule(
+    "R7080",
+    "dense-tensor-storage-missing",
+    E,
+    "R7 checkpoint without a tensor_storage map and without a rank-sliced tail",
+    "Unless config.json carries a hybrid_tr3_tail with format exl3-trellis, the runtime's config "
+    "step (Exl3Config.maybe_update_config) hydrates quantization_config.json and refuses to start "
+    "when its tensor_storage map is absent or empty.",
+    "Ship quantization_config.json with the tensor_storage map of the EXL3 dense modules.",
+)
+RS_RUNTIME_K = rule(
+    "RS020",
+    "runtime-k",
+    E,
+    "Uniform rank-sliced bitrate the targeted runtime cannot serve",
+    "A uniform rank-sliced layer runs only at an integral K: the public runtime revisions "
+    "(Exl3MoEMethod._prepare_rank_sliced_weights) accept 3, 4, 5 and 6; the cartridge "
+    "revision accepts 2..6 (see --runtime).",
+    "Re-quantize the routed experts at K 3..6, or target the cartridge runtime (--runtime cartridge).",
+)
+RS_MIXED_TIERS = rule(
+    "RS021",
+    "mixed-tier-count",
+    E,
+    "Mixed rank-sliced layer without exactly two bitrates",
+    "A layer whose experts use more than one K takes the one-grid mixed path "
+    "(Exl3MoEMethod._prepare_mixed_rank_sliced_weights), which requires exactly two bitrates.",
+    "Give each mixed layer exactly two K values in tier_bitmap.json.",
+)

@@ -92,3 +92,13 @@ TP_SOURCE_CHANGED = rule(
     "A file modified during the pass gives slices of two different versions.",
     "Do not modify the checkpoint while slicing it; re-run.",
 )
+TP_SPARSE_LAYERS = rule(
+    "TP011",
+    "rank-sliced-sparse-layers",
+    E,
+    "Rank-sliced layout of sparse MoE layers",
+    "The legacy profile names its MoE layers as one range [first, last], and the runtime "
+    "(Exl3Config._moe_prefix_is_exl3) claims every layer in it; a layer of the range without "
+    "expert tensors fails the load (Exl3MoEMethod.process_weights_after_loading).",
+    "Slice with --layout per-rank (the base profile keeps its layer coverage).",
+)

@@ -373,6 +373,7 @@ def plan_slices(
         raise _refuse_input("the artifact has no readable tensors")
     if layout == "rank-sliced":
         _check_uniform_expert_k(ckpt)
+        _check_contiguous_layers(ckpt)
     return _Planner(ckpt, kind, tp, mode, layout).build()
 
 
@@ -394,6 +395,26 @@ def _check_uniform_expert_k(ckpt: Checkpoint) -> None:
             f"{detail}{more}: use --layout per-rank",
             f"model.layers.{layer}.mlp.experts.{expert}",
         )
+
+
+def _check_contiguous_layers(ckpt: Checkpoint) -> None:
+    """The legacy profile declares its MoE layers as one range that the runtime claims whole
+    (TP011): refuse experts that leave a layer of [first, last] without tensors."""
+    layers = sorted(
+        {e.layer for e in map(parse_expert, ckpt.tensors) if e is not None and e.field == "trellis"}
+    )
+    if not layers or layers[-1] - layers[0] + 1 == len(layers):
+        return
+    gaps = sorted(set(range(layers[0], layers[-1] + 1)) - set(layers))
+    f = Findings()
+    f.add(
+        tp_rules.TP_SPARSE_LAYERS,
+        f"MoE layers {layers} are not contiguous: the legacy profile would declare moe_layers "
+        f"[{layers[0]}, {layers[-1]}] and the runtime would look for experts in layers "
+        f"{gaps[:8]}{' …' if len(gaps) > 8 else ''}; use --layout per-rank",
+        tensor=f"model.layers.{gaps[0]}.mlp.experts",
+    )
+    raise PlanRefused(f)
 
 
 __all__ = ["attention_geometry", "plan_slices", "source_order"]

@@ -1,0 +1,28 @@
+"""Runtime-conformance tests: each fixture is one artifact the serving runtime refuses (or loads),
+built from the bundled examples or the synthetic builders; tests mutate copies."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "checks"))
+sys.path.insert(0, str(ROOT / "examples"))
+
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from exl3tool.synth.msrt import build_base
+    from exl3tool.synth.r7 import build_rank_sliced
+
+    root = tmp_path_factory.mktemp("conformance")
+    return {
+        "rank-sliced-k2": build_rank_sliced(root / "rs-k2", bits=2),
+        "rank-sliced-k3": build_rank_sliced(root / "rs-k3", bits=3),
+        "sparse-base": build_base(root / "sparse-base", layers=(3, 10)),
+    }
