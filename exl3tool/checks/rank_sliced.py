@@ -8,25 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exl3tool.checks.checkpoint import (
-    ExpertTable,
-    FiniteCheck,
-    RandomAccessReader,
-    expert_count,
-    expert_table,
-)
-from exl3tool.checks.exl3 import (
+from exl3tool.checks.exl3_linear import (
     check_linears,
     check_marker,
     check_trellis_dtype,
     flush_payload_checks,
 )
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.checks.payload import FiniteCheck, RandomAccessReader, Scan
+from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import group_linears
+from exl3tool.formats.experts import ExpertTable, expert_count, expert_table
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.strict_json import is_json_int, pointer_join
-from exl3tool.io.views import TensorReader
 from exl3tool.rules import r7 as r7
 from exl3tool.rules.registry import Findings
 
@@ -36,15 +30,35 @@ ROTATIONS = ("per_expert_v1", "shared_h_v1")
 MAX_MISSING = 20  # per layer; the rest is summarised in one finding
 
 
-@dataclass
+@dataclass(frozen=True)
 class TailContext:
-    """Where the tail lives and what the model says about it."""
+    """Where the tail lives and what the model and the run say about it."""
 
     file: str  # config.json
     base: str  # JSON pointer of the tail
     hidden: int | None
     inter: int | None
     n_experts: int | None
+    runtime_tp: int | None = None  # `validate --tp`
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """What every rank slice of the tail's layers must look like."""
+
+    layers: tuple[int, int]
+    n_experts: int
+    tp: int
+    hidden: int
+    inter: int
+    uniform_k: int | None  # `bits` when it is a whole number
+    k_allowed: set[int] | None  # `k_values` of a mixed tail
+    tier: dict[str, Any] | None  # tier_bitmap.json of a mixed tail
+    shared_h: bool  # rotation_layout shared_h_v1
+
+    @property
+    def part(self) -> int:
+        return self.inter // self.tp
 
 
 def report_missing_expert_count(findings: Findings) -> None:
@@ -67,29 +81,57 @@ def tail_layers(tail: Any) -> tuple[int, int] | None:
 
 
 def check_tail(
-    ckpt: Checkpoint,
-    tail: Any,
-    table: ExpertTable,
-    ctx: TailContext,
-    findings: Findings,
-    options: ValidateOptions,
-    reader: TensorReader,
-    finite: FiniteCheck,
+    ckpt: Checkpoint, tail: Any, table: ExpertTable, ctx: TailContext, scan: Scan
 ) -> None:
     """The tail's fields (§7.1) and every rank slice of every expert in its layer range."""
-    f, base = ctx.file, ctx.base
+    findings = scan.findings
+    if not isinstance(tail, dict):
+        findings.add(
+            r7.RS_FIELD, "hybrid_tr3_tail must be an object", file=ctx.file, pointer=ctx.base
+        )
+        return
+    layers, epl, tp, rotation = _tail_fields(tail, ctx, findings)
+    bits = tail.get("bits")
+    mixed = bits == "mixed"
+    k_allowed, tier = _mixed_bits(ckpt, tail, mixed, ctx, findings)
+    inter, hidden = ctx.inter, ctx.hidden
+    if tp is not None and inter is not None and (inter % tp or (inter // tp) % 128):
+        findings.add(
+            r7.RS_ALIGN,
+            f"intermediate {inter} / tp {tp} is not a multiple of 128",
+            file=ctx.file,
+            pointer=pointer_join(ctx.base, "tp"),
+        )
+        return
+    if layers is None or tp is None or epl is None or hidden is None or inter is None:
+        return
+    uniform_k = (
+        int(bits) if not mixed and type(bits) in (int, float) and bits == int(bits) else None
+    )
+    spec = SliceSpec(
+        layers, epl, tp, hidden, inter, uniform_k, k_allowed, tier, rotation == "shared_h_v1"
+    )
+    _check_slices(table, spec, ctx, scan)
+    for (layer, _e, _p, rank), parts in table.ranked.items():
+        if layers[0] <= layer <= layers[1] and rank >= tp:
+            ref = next(iter(parts.values()))
+            findings.add(
+                r7.RS_RANK_RANGE, f"rank {rank} >= tp {tp}", file=ref.file, tensor=ref.name
+            )
+
+
+def _tail_fields(
+    tail: dict, ctx: TailContext, findings: Findings
+) -> tuple[tuple[int, int] | None, int | None, int | None, Any]:
+    """RS fields of the tail; (layers, experts_per_layer, tp, rotation), None where unusable."""
 
     def field_problem(key: str, msg: str, r: Any = r7.RS_FIELD) -> None:
-        findings.add(r, msg, file=f, pointer=pointer_join(base, key))
+        findings.add(r, msg, file=ctx.file, pointer=pointer_join(ctx.base, key))
 
-    if not isinstance(tail, dict):
-        findings.add(r7.RS_FIELD, "hybrid_tr3_tail must be an object", file=f, pointer=base)
-        return
     if tail.get("format") != "exl3-trellis":
         field_problem("format", f"format {tail.get('format')!r}, expected 'exl3-trellis'")
     bits = tail.get("bits")
-    mixed = bits == "mixed"
-    if not mixed and (type(bits) not in (int, float) or bits <= 0):
+    if bits != "mixed" and (type(bits) not in (int, float) or bits <= 0):
         field_problem("bits", f"bits {bits!r}: a number or 'mixed'")
     if tail.get("codebook") != "mcg":
         field_problem("codebook", f"codebook {tail.get('codebook')!r}, expected 'mcg'")
@@ -114,8 +156,8 @@ def check_tail(
     if not is_json_int(tp) or tp < 1:
         field_problem("tp", f"tp {tp!r}: a positive JSON integer")
         tp = None
-    elif options.tp is not None and tp != options.tp:
-        field_problem("tp", f"checkpoint tp {tp}, runtime --tp {options.tp}", r7.RS_TP)
+    elif ctx.runtime_tp is not None and tp != ctx.runtime_tp:
+        field_problem("tp", f"checkpoint tp {tp}, runtime --tp {ctx.runtime_tp}", r7.RS_TP)
     rotation = tail.get("rotation_layout", "per_expert_v1")
     if rotation not in ROTATIONS:
         field_problem("rotation_layout", f"rotation_layout {rotation!r}", r7.RS_ROTATION)
@@ -125,26 +167,7 @@ def check_tail(
             f"shared_h_v1 needs shared_h_tensor_schema {SHARED_H_SCHEMA!r}",
             r7.RS_ROTATION,
         )
-    k_allowed, tier = _mixed_bits(ckpt, tail, mixed, ctx, findings)
-    inter, hidden = ctx.inter, ctx.hidden
-    if tp is not None and inter is not None and (inter % tp or (inter // tp) % 128):
-        field_problem("tp", f"intermediate {inter} / tp {tp} is not a multiple of 128", r7.RS_ALIGN)
-        return
-    if layers is None or tp is None or epl is None or hidden is None or inter is None:
-        return
-    uniform_k = (
-        int(bits) if not mixed and type(bits) in (int, float) and bits == int(bits) else None
-    )
-    _check_slices(
-        table, layers, epl, tp, hidden, inter, uniform_k, k_allowed, tier,
-        rotation == "shared_h_v1", ctx, findings, reader, finite,
-    )  # fmt: skip
-    for (layer, _e, _p, rank), parts in table.ranked.items():
-        if layers[0] <= layer <= layers[1] and rank >= tp:
-            ref = next(iter(parts.values()))
-            findings.add(
-                r7.RS_RANK_RANGE, f"rank {rank} >= tp {tp}", file=ref.file, tensor=ref.name
-            )
+    return layers, epl, tp, rotation
 
 
 def _mixed_bits(
@@ -187,100 +210,99 @@ def _tier_k(tier: dict[str, Any] | None, layer: int, expert: int) -> int | None:
     return None
 
 
-def _check_slices(
-    table: ExpertTable,
-    layers: tuple[int, int],
-    n_experts: int,
-    tp: int,
-    hidden: int,
-    inter: int,
-    uniform_k: int | None,
-    k_allowed: set[int] | None,
-    tier: dict[str, Any] | None,
-    shared_h: bool,
-    ctx: TailContext,
-    findings: Findings,
-    reader: TensorReader,
-    finite: FiniteCheck,
-) -> None:
-    part = inter // tp
-    for layer in range(layers[0], layers[1] + 1):
+def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: Scan) -> None:
+    for layer in range(spec.layers[0], spec.layers[1] + 1):
         missing: list[str] = []
-        for e in range(n_experts):
-            tier_k = _tier_k(tier, layer, e)
+        for e in range(spec.n_experts):
+            tier_k = _tier_k(spec.tier, layer, e)
             for proj in PROJECTIONS:
-                down = proj == "down_proj"
-                # (trellis rows, trellis cols, suh size, svh size) of one rank slice
-                rows, cols = (part, hidden) if down else (hidden, part)
-                h_side = "svh" if down else "suh"
-                for r in range(tp):
+                for r in range(spec.tp):
                     prefix = f"model.layers.{layer}.mlp.experts.{e}.{proj}.rank{r}"
                     parts = table.ranked.get((layer, e, proj, r), {})
-                    need = ("trellis", "mcg", "suh", "svh")
-                    if shared_h:
-                        need = tuple(x for x in need if x != h_side)
-                    missing.extend(f"{prefix}.{fld}" for fld in need if fld not in parts)
-                    if shared_h and h_side in parts:
-                        ref = parts[h_side]
-                        findings.add(
-                            r7.RS_ROTATION,
-                            f"shared_h_v1 forbids {h_side} under expert ids",
-                            file=ref.file,
-                            tensor=ref.name,
-                        )
-                    t = parts.get("trellis")
-                    if t is not None and check_trellis_dtype(t, findings):
-                        shape = t.info.shape
-                        k = shape[2] // 16 if shape[2] % 16 == 0 else None
-                        if (shape[0] * 16, shape[1] * 16) != (rows, cols) or k is None:
-                            findings.add(
-                                r7.RS_GEOMETRY,
-                                f"trellis {list(shape)}, expected [{rows // 16}, {cols // 16}, 16*K]",
-                                file=t.file,
-                                tensor=t.name,
-                            )
-                        want = uniform_k if uniform_k is not None else tier_k
-                        if k is not None and (
-                            (want is not None and k != want)
-                            or (k_allowed is not None and k_allowed and k not in k_allowed)
-                        ):
-                            findings.add(
-                                r7.RS_K,
-                                f"K = {k}, expected "
-                                + (
-                                    f"{want}"
-                                    if want is not None
-                                    else f"one of {sorted(k_allowed or ())}"
-                                ),
-                                file=t.file,
-                                tensor=t.name,
-                            )
-                    for fld, size in (
-                        ("suh", hidden if not down else part),
-                        ("svh", part if not down else hidden),
-                    ):
-                        ref = parts.get(fld)
-                        if ref is None:
-                            continue
-                        finite.add(ref)
-                        if ref.info.dtype != "F16" or ref.info.shape != (size,):
-                            findings.add(
-                                r7.RS_GEOMETRY,
-                                f"{fld} is {ref.info.dtype}{list(ref.info.shape)}, expected F16 [{size}]",
-                                file=ref.file,
-                                tensor=ref.name,
-                            )
-                    if "mcg" in parts:
-                        check_marker(reader, parts["mcg"], "mcg", findings)
+                    _check_slice(spec, proj, prefix, parts, tier_k, missing, scan)
         for name in missing[:MAX_MISSING]:
-            findings.add(r7.RS_MISSING, "rank slice missing", file=ctx.file, tensor=name)
+            scan.findings.add(r7.RS_MISSING, "rank slice missing", file=ctx.file, tensor=name)
         if len(missing) > MAX_MISSING:
-            findings.add(
+            scan.findings.add(
                 r7.RS_MISSING,
                 f"{len(missing) - MAX_MISSING} more rank slices of layer {layer} missing",
                 file=ctx.file,
                 pointer=pointer_join(ctx.base, "moe_layers"),
             )
+
+
+def _check_slice(
+    spec: SliceSpec,
+    proj: str,
+    prefix: str,
+    parts: dict[str, TensorRef],
+    tier_k: int | None,
+    missing: list[str],
+    scan: Scan,
+) -> None:
+    """One rank slice `{prefix}.{trellis|mcg|suh|svh}` of one expert projection."""
+    findings = scan.findings
+    down = proj == "down_proj"
+    h_side = "svh" if down else "suh"
+    need = ("trellis", "mcg", "suh", "svh")
+    if spec.shared_h:
+        need = tuple(x for x in need if x != h_side)
+    missing.extend(f"{prefix}.{fld}" for fld in need if fld not in parts)
+    if spec.shared_h and h_side in parts:
+        ref = parts[h_side]
+        findings.add(
+            r7.RS_ROTATION,
+            f"shared_h_v1 forbids {h_side} under expert ids",
+            file=ref.file,
+            tensor=ref.name,
+        )
+    t = parts.get("trellis")
+    if t is not None and check_trellis_dtype(t, findings):
+        _check_slice_trellis(spec, down, t, tier_k, findings)
+    part, hidden = spec.part, spec.hidden
+    for fld, size in (("suh", hidden if not down else part), ("svh", part if not down else hidden)):
+        ref = parts.get(fld)
+        if ref is None:
+            continue
+        scan.finite.add(ref)
+        if ref.info.dtype != "F16" or ref.info.shape != (size,):
+            findings.add(
+                r7.RS_GEOMETRY,
+                f"{fld} is {ref.info.dtype}{list(ref.info.shape)}, expected F16 [{size}]",
+                file=ref.file,
+                tensor=ref.name,
+            )
+    if "mcg" in parts:
+        check_marker(scan.reader, parts["mcg"], "mcg", findings)
+
+
+def _check_slice_trellis(
+    spec: SliceSpec, down: bool, t: TensorRef, tier_k: int | None, findings: Findings
+) -> None:
+    # (trellis rows, trellis cols) of one rank slice
+    rows, cols = (spec.part, spec.hidden) if down else (spec.hidden, spec.part)
+    shape = t.info.shape
+    k = shape[2] // 16 if shape[2] % 16 == 0 else None
+    if (shape[0] * 16, shape[1] * 16) != (rows, cols) or k is None:
+        findings.add(
+            r7.RS_GEOMETRY,
+            f"trellis {list(shape)}, expected [{rows // 16}, {cols // 16}, 16*K]",
+            file=t.file,
+            tensor=t.name,
+        )
+    want = spec.uniform_k if spec.uniform_k is not None else tier_k
+    k_allowed = spec.k_allowed
+    if k is not None and (
+        (want is not None and k != want)
+        or (k_allowed is not None and k_allowed and k not in k_allowed)
+    ):
+        findings.add(
+            r7.RS_K,
+            f"K = {k}, expected "
+            + (f"{want}" if want is not None else f"one of {sorted(k_allowed or ())}"),
+            file=t.file,
+            tensor=t.name,
+        )
 
 
 def check_rank_sliced(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> None:
@@ -295,14 +317,13 @@ def check_rank_sliced(ckpt: Checkpoint, findings: Findings, options: ValidateOpt
         hidden if is_json_int(hidden) else None,
         inter if is_json_int(inter) else None,
         count[1] if count else None,
+        options.tp,
     )
     if count is None:
         report_missing_expert_count(findings)
     finite = FiniteCheck()
     with RandomAccessReader() as reader:
-        check_tail(
-            ckpt, config.get("hybrid_tr3_tail"), table, ctx, findings, options, reader, finite
-        )
+        check_tail(ckpt, config.get("hybrid_tr3_tail"), table, ctx, Scan(findings, reader, finite))
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
         check_linears(group_linears(others), ckpt.tensors, findings, reader, finite)
         flush_payload_checks(reader, finite, findings)

@@ -1,0 +1,302 @@
+"""R7 routed experts (r7-checkpoint-format.md §3): every (layer, expert, projection) of
+moe_layers: presence, K, geometry, markers, vectors; header-only except 4-byte marker reads and a
+finiteness scan of the scale vectors (both deferred to the payload flush)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from exl3tool.checks.exl3_linear import check_marker, check_trellis_dtype
+from exl3tool.checks.payload import FiniteCheck, Scan
+from exl3tool.formats.checkpoint import TensorRef
+from exl3tool.formats.experts import ExpertTable
+from exl3tool.formats.names import PROJECTIONS
+from exl3tool.formats.r7 import MARKER, Block, R7Payload, layer_shard
+from exl3tool.io.strict_json import pointer_join
+from exl3tool.io.views import TensorReader
+from exl3tool.rules import r7 as r7
+from exl3tool.rules.registry import Findings
+
+MAX_MISSING = 20
+SHARED_VECTORS = ("gate_up_suh", "down_svh")
+
+
+@dataclass(frozen=True)
+class ExpertsContext:
+    """What the expert checks of one R7 checkpoint read and where they report."""
+
+    table: ExpertTable
+    block: Block
+    n_experts: int
+    hidden: int | None
+    inter: int | None
+    shards: dict[str, Any]  # label -> SafetensorsFile
+    scan: Scan
+
+    @property
+    def findings(self) -> Findings:
+        return self.scan.findings
+
+    @property
+    def reader(self) -> TensorReader:
+        return self.scan.reader
+
+    @property
+    def finite(self) -> FiniteCheck:
+        return self.scan.finite
+
+    @property
+    def geometry(self) -> bool:
+        return self.hidden is not None and self.inter is not None
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One (layer, expert, projection) and the shard it belongs in."""
+
+    layer: int
+    expert: int
+    proj: str
+    label: str
+
+    @property
+    def prefix(self) -> str:
+        return f"model.layers.{self.layer}.mlp.experts.{self.expert}.{self.proj}"
+
+    @property
+    def down(self) -> bool:
+        return self.proj == "down_proj"
+
+
+def _vector_ok(ref: TensorRef, size: int) -> bool:
+    return ref.info.dtype == "F16" and ref.info.shape == (size,)
+
+
+def check_experts(ctx: ExpertsContext) -> R7Payload:
+    """Every layer of moe_layers; returns the payload's K table."""
+    payload = R7Payload()
+    for layer in ctx.block.layers:
+        if _layer_present(ctx, layer):
+            _check_layer(ctx, layer, payload)
+    return payload
+
+
+def _layer_present(ctx: ExpertsContext, layer: int) -> bool:
+    table = ctx.table
+    has_layer = any((layer, 0, p) in table.plain for p in PROJECTIONS) or any(
+        (layer, f"r7_shared.{v}") in table.layer_vectors for v in SHARED_VECTORS
+    )
+    if has_layer or any(k[0] == layer for k in table.plain):
+        return True
+    ctx.findings.add(
+        r7.R7_LAYER_MISSING,
+        f"layer {layer} is in moe_layers but no shard holds its experts ({layer_shard(layer)})",
+        file=ctx.block.file,
+        pointer=pointer_join(ctx.block.base, "moe_layers"),
+    )
+    return False
+
+
+def _check_layer(ctx: ExpertsContext, layer: int, payload: R7Payload) -> None:
+    label = layer_shard(layer)
+    _check_shard_meta(ctx.shards.get(label), layer, ctx.findings)
+    missing: list[str] = []
+    for e in range(ctx.n_experts):
+        for proj in PROJECTIONS:
+            slot = Slot(layer, e, proj, label)
+            parts = ctx.table.plain.get((layer, e, proj))
+            if parts is None:
+                missing.append(f"{slot.prefix}.trellis")
+                continue
+            _check_projection(ctx, slot, parts, missing, payload)
+    _report_missing(ctx.findings, missing, layer, label)
+    _check_shared_vectors(ctx, layer, label)
+    _report_tier(ctx.findings, payload, layer, label)
+
+
+def _report_missing(findings: Findings, missing: list[str], layer: int, label: str) -> None:
+    for name in missing[:MAX_MISSING]:
+        findings.add(r7.R7_TENSOR_MISSING, "missing", file=label, tensor=name)
+    if len(missing) > MAX_MISSING:
+        findings.add(
+            r7.R7_TENSOR_MISSING,
+            f"{len(missing) - MAX_MISSING} more expert tensors of layer {layer} missing",
+            file=label,
+            tensor=missing[MAX_MISSING],
+        )
+
+
+def _check_shared_vectors(ctx: ExpertsContext, layer: int, label: str) -> None:
+    for vec in SHARED_VECTORS:
+        name = f"model.layers.{layer}.mlp.experts.r7_shared.{vec}"
+        ref = ctx.table.layer_vectors.get((layer, f"r7_shared.{vec}"))
+        if ref is None:
+            ctx.findings.add(r7.R7_SHARED, "shared vector missing", file=label, tensor=name)
+            continue
+        if ctx.hidden is not None and not _vector_ok(ref, ctx.hidden):
+            ctx.findings.add(
+                r7.R7_SHARED,
+                f"{ref.info.dtype}{list(ref.info.shape)}, expected F16 [{ctx.hidden}]",
+                file=ref.file,
+                tensor=name,
+            )
+        ctx.finite.add(ref)
+
+
+def _report_tier(findings: Findings, payload: R7Payload, layer: int, label: str) -> None:
+    ks: dict[str, set[int]] = {p: set() for p in PROJECTIONS}
+    for prefix, k in payload.by_layer.get(layer, {}).items():
+        ks[prefix.rpartition(".")[2]].add(k)
+    distinct = set().union(*ks.values())
+    if distinct:
+        findings.add(
+            r7.R7_TIER,
+            f"layer {layer}: tier {len(distinct)} (K gate {sorted(ks['gate_proj'])}, "
+            f"up {sorted(ks['up_proj'])}, down {sorted(ks['down_proj'])})",
+            file=label,
+            tensor=f"model.layers.{layer}.mlp.experts",
+        )
+
+
+def _check_projection(
+    ctx: ExpertsContext,
+    slot: Slot,
+    parts: dict[str, TensorRef],
+    missing: list[str],
+    payload: R7Payload,
+) -> None:
+    t = parts.get("trellis")
+    if t is None:
+        missing.append(f"{slot.prefix}.trellis")
+    else:
+        _check_trellis(ctx, slot, t, payload)
+    _check_expert_marker(ctx, slot, parts)
+    _check_expert_vectors(ctx, slot, parts, missing)
+
+
+def _check_trellis(ctx: ExpertsContext, slot: Slot, t: TensorRef, payload: R7Payload) -> None:
+    findings = ctx.findings
+    if t.file != slot.label:
+        findings.add(
+            r7.R7_WRONG_SHARD, f"stored in {t.file}, not {slot.label}", file=t.file, tensor=t.name
+        )
+    if not check_trellis_dtype(t, findings):
+        return
+    s0, s1, s2 = t.info.shape
+    if s2 % 16:
+        findings.add(
+            r7.R7_GEOMETRY,
+            f"last dimension {s2} is not a multiple of 16",
+            file=t.file,
+            tensor=t.name,
+        )
+    else:
+        k = s2 // 16
+        payload.record((slot.layer, slot.expert, slot.proj), slot.prefix, t, k)
+        if k not in ctx.block.k_values:
+            findings.add(
+                r7.R7_K_UNDECLARED,
+                f"K = {k} not declared by k_values {sorted(ctx.block.k_values)}",
+                file=t.file,
+                tensor=t.name,
+            )
+    if ctx.geometry:
+        down = slot.down
+        want = (ctx.inter, ctx.hidden) if down else (ctx.hidden, ctx.inter)
+        if (s0 * 16, s1 * 16) != want:
+            findings.add(
+                r7.R7_GEOMETRY,
+                f"trellis {[s0, s1, s2]} is {s0 * 16}x{s1 * 16}, expected "
+                f"{want[0]}x{want[1]} ({'intermediate x hidden' if down else 'hidden x intermediate'})",
+                file=t.file,
+                tensor=t.name,
+            )
+
+
+def _check_expert_marker(ctx: ExpertsContext, slot: Slot, parts: dict[str, TensorRef]) -> None:
+    mcg = parts.get("mcg")
+    if mcg is None or "mul1" in parts:
+        ctx.findings.add(
+            r7.R7_MARKER,
+            "mul1 marker on an R7 expert (codebook must be mcg)"
+            if "mul1" in parts
+            else "no mcg marker",
+            file=slot.label,
+            tensor=f"{slot.prefix}.{'mul1' if 'mul1' in parts else 'mcg'}",
+        )
+    if mcg is not None:
+        check_marker(ctx.reader, mcg, "mcg", ctx.findings)
+
+
+def _check_expert_vectors(
+    ctx: ExpertsContext, slot: Slot, parts: dict[str, TensorRef], missing: list[str]
+) -> None:
+    down = slot.down
+    own, shared = ("suh", "svh") if down else ("svh", "suh")
+    ref = parts.get(own)
+    if ref is None:
+        missing.append(f"{slot.prefix}.{own}")
+    else:
+        ctx.finite.add(ref)
+        if ctx.inter is not None and not _vector_ok(ref, ctx.inter):
+            ctx.findings.add(
+                r7.R7_VECTOR,
+                f"{own} is {ref.info.dtype}{list(ref.info.shape)}, expected F16 [{ctx.inter}]",
+                file=ref.file,
+                tensor=ref.name,
+            )
+    extra = parts.get(shared)
+    if extra is not None:
+        ctx.findings.add(
+            r7.R7_UNEXPECTED_VECTOR,
+            f"per-expert {shared}; R7 uses r7_shared.{'down_svh' if down else 'gate_up_suh'}",
+            file=extra.file,
+            tensor=extra.name,
+        )
+
+
+def _check_shard_meta(st: Any, layer: int, findings: Findings) -> None:
+    if st is None:
+        return
+    want = {"r7_schema": "2", "r7_layer": str(layer), "r7_marker": MARKER}
+    meta = st.metadata or {}
+    bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
+    if bad:
+        findings.add(
+            r7.R7_SHARD_META,
+            f"__metadata__ has {bad}, expected {want}",
+            file=st.label,
+            pointer="/__metadata__",
+        )
+
+
+def check_out_of_range(
+    table: ExpertTable,
+    block: Block,
+    n_experts: int,
+    tail: tuple[int, int] | None,
+    findings: Findings,
+) -> None:
+    """R7031: plain expert tensors outside moe_layers / the expert count, ranked ones outside the
+    carried tail; one finding per (layer, reason)."""
+    seen: set[tuple[int, str]] = set()
+
+    def report(layer: int, why: str, ref: TensorRef) -> None:
+        if (layer, why) not in seen:
+            seen.add((layer, why))
+            findings.add(r7.R7_OUT_OF_RANGE, why, file=ref.file, tensor=ref.name)
+
+    for (layer, e, _p), parts in table.plain.items():
+        ref = next(iter(parts.values()))
+        if not block.first <= layer <= block.last:
+            report(layer, f"layer {layer} is outside moe_layers [{block.first}, {block.last}]", ref)
+        elif e >= n_experts:
+            report(layer, f"expert {e} >= the model's {n_experts} routed experts", ref)
+    for (layer, _e, _p, _r), parts in table.ranked.items():
+        if tail is None or not tail[0] <= layer <= tail[1]:
+            report(
+                layer,
+                f"rank-sliced layer {layer} is not covered by hybrid_tr3_tail",
+                next(iter(parts.values())),
+            )

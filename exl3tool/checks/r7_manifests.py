@@ -1,0 +1,252 @@
+"""R7 per-layer manifests (r7-checkpoint-format.md §4): presence, schema, agreement with the
+payload (layer, shard, shared vectors, bit_map, allocation) and, under `--hash`, their digests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from exl3tool.checks.digests import Digests, sha_ok
+from exl3tool.formats.checkpoint import Checkpoint, TensorRef
+from exl3tool.formats.r7 import Block, R7Payload, layer_manifest, layer_shard
+from exl3tool.io.schemas import schema_errors
+from exl3tool.io.strict_json import is_json_int, pointer_join
+from exl3tool.rules import r7 as r7
+from exl3tool.rules.registry import Findings
+
+MANIFEST_SCHEMA = "r7-layer-manifest.schema.json"
+MAX_MISSING = 20
+MANIFEST_OPTIONAL = (
+    "marker", "recipe_version", "schema_version", "layer", "shard", "allocation_target_bpw",
+    "vector_refs", "roundtrip_hashes", "shared_vectors", "tensor_provenance", "provenance",
+    "permutations", "final_expert_artifact_sha256",
+)  # fmt: skip
+
+# The big per-tensor maps of a manifest (768-2304 entries on GLM-5.2): jsonschema spends ~50 µs
+# per entry on them, so their values are checked here with the same rules as the schema
+# (`additionalProperties` of /payload_sha256 and /bit_map) and the schema sees them empty.
+_BIG_MAPS = {
+    "payload_sha256": (lambda v: sha_ok(v), "is not a 64-hex sha256"),
+    "bit_map": (lambda v: is_json_int(v) and 1 <= v <= 8, "is not a JSON integer in 1..8"),
+}
+
+
+@dataclass(frozen=True)
+class LayerManifest:
+    """One parsed per-layer manifest and what it is checked against."""
+
+    man: dict
+    name: str  # r7-experts-layer-NNN.json
+    layer: int
+    label: str  # the layer's shard
+    bad: frozenset[str]  # top-level fields with schema errors (their semantics are skipped)
+
+
+@dataclass
+class _DigestWork:
+    """Digests the manifests declare, recomputed together at the end (`--hash`)."""
+
+    tensors: list[tuple[str, TensorRef, str, str]] = field(default_factory=list)
+    shards: dict[str, tuple[str, str]] = field(default_factory=dict)  # label -> (manifest, sha)
+
+
+def manifest_schema_errors(man: dict) -> list[tuple[str, str, tuple[Any, ...]]]:
+    """schemas/r7-layer-manifest.schema.json errors of `man`, fast on its big maps."""
+    skeleton = dict(man)
+    errors: list[tuple[str, str, tuple[Any, ...]]] = []
+    for key, (ok, what) in _BIG_MAPS.items():
+        value = man.get(key)
+        if not isinstance(value, dict):
+            continue
+        skeleton[key] = {}
+        for k, v in value.items():
+            if not ok(v):
+                errors.append((pointer_join(pointer_join("", key), k), f"{v!r} {what}", (key, k)))
+    return sorted(errors + schema_errors(MANIFEST_SCHEMA, skeleton), key=lambda e: e[0])
+
+
+def _check_listing(block: Block, qc: dict, findings: Findings) -> None:
+    listed = qc["r7_routed_experts"].get("bit_map_manifests")
+    expected = [layer_manifest(i) for i in block.layers]
+    if listed is not None and listed != expected:
+        extra = sorted(set(map(str, listed if isinstance(listed, list) else [])) - set(expected))
+        lack = sorted(set(expected) - set(listed if isinstance(listed, list) else []))
+        findings.add(
+            r7.R7_MANIFEST_LIST,
+            f"expected one manifest per layer {block.first}..{block.last}"
+            + (f"; missing {lack[:3]}" if lack else "")
+            + (f"; unexpected {extra[:3]}" if extra else ""),
+            file=block.file,
+            pointer=pointer_join(block.base, "bit_map_manifests"),
+        )
+
+
+def check_layer_manifests(
+    ckpt: Checkpoint,
+    block: Block,
+    qc: dict,
+    payload: R7Payload,
+    findings: Findings,
+    digests: Digests | None,
+) -> None:
+    _check_listing(block, qc, findings)
+    work = _DigestWork()
+    for layer in block.layers:
+        lm = _load(ckpt, layer, findings)
+        if lm is None:
+            continue
+        _check_semantics(ckpt, lm, payload, findings)
+        absent = [k for k in MANIFEST_OPTIONAL if k not in lm.man]
+        if absent:
+            findings.add(
+                r7.R7_PROVENANCE,
+                f"absent: {', '.join(absent)}",
+                file=lm.name,
+                pointer=pointer_join("", absent[0]),
+            )
+        if digests is not None:
+            _collect_digests(ckpt, lm, work)
+    if digests is not None:
+        _check_digests(work, findings, digests)
+
+
+def _load(ckpt: Checkpoint, layer: int, findings: Findings) -> LayerManifest | None:
+    name = layer_manifest(layer)
+    man = ckpt.json_file(name, findings)
+    if man is None:
+        if not (ckpt.root / name).is_file():
+            findings.add(r7.R7_MANIFEST_MISSING, f"no manifest for layer {layer}", file=name)
+        return None
+    errors = manifest_schema_errors(man)
+    for ptr, msg, _ in errors[:MAX_MISSING]:
+        findings.add(r7.R7_MANIFEST_SCHEMA, msg, file=name, pointer=ptr)
+    bad = frozenset(str(p[0]) for _, _, p in errors if p)
+    return LayerManifest(man, name, layer, layer_shard(layer), bad)
+
+
+def _collect_digests(ckpt: Checkpoint, lm: LayerManifest, work: _DigestWork) -> None:
+    st = ckpt.shards.get(lm.label)
+    ps = lm.man.get("payload_sha256")
+    if st is not None and isinstance(ps, dict) and "payload_sha256" not in lm.bad:
+        for tname, declared in ps.items():
+            info = st.tensors.get(tname)
+            if info is not None:
+                ref = TensorRef(st, info)
+                work.tensors.append(
+                    (lm.name, ref, declared, pointer_join("/payload_sha256", tname))
+                )
+    if sha_ok(lm.man.get("shard_sha256")):
+        work.shards[lm.label] = (lm.name, lm.man["shard_sha256"])
+
+
+def _check_digests(work: _DigestWork, findings: Findings, digests: Digests) -> None:
+    got = digests.tensors([ref for _, ref, _, _ in work.tensors])
+    for name, ref, declared, ptr in work.tensors:
+        if got.get(ref.name) != declared:
+            findings.add(
+                r7.R7_PAYLOAD_SHA,
+                f"payload sha256 {got.get(ref.name)}, manifest says {declared}",
+                file=name,
+                tensor=ref.name,
+                pointer=ptr,
+            )
+    files = digests.files(work.shards)
+    for label, (name, declared) in work.shards.items():
+        if files.get(label) is not None and files[label] != declared:
+            findings.add(
+                r7.R7_SHARD_SHA,
+                f"{label} sha256 {files[label]}, manifest says {declared}",
+                file=name,
+                pointer="/shard_sha256",
+            )
+
+
+def _check_semantics(
+    ckpt: Checkpoint, lm: LayerManifest, payload: R7Payload, findings: Findings
+) -> None:
+    _check_identity(lm, findings)
+    _check_payload_names(ckpt, lm, findings)
+    bm = lm.man.get("bit_map")
+    if isinstance(bm, dict) and "bit_map" not in lm.bad:
+        _check_bit_map(lm, bm, payload, findings)
+
+
+def _check_identity(lm: LayerManifest, findings: Findings) -> None:
+    man, name, layer = lm.man, lm.name, lm.layer
+    if is_json_int(man.get("layer")) and man["layer"] != layer:
+        findings.add(
+            r7.R7_MANIFEST_LAYER,
+            f"layer {man['layer']}, file is for layer {layer}",
+            file=name,
+            pointer="/layer",
+        )
+    if isinstance(man.get("shard"), str) and man["shard"] != lm.label:
+        findings.add(
+            r7.R7_MANIFEST_LAYER,
+            f"shard {man['shard']!r}, expected {lm.label!r}",
+            file=name,
+            pointer="/shard",
+        )
+    sv = man.get("shared_vectors")
+    if isinstance(sv, dict):
+        for key in ("gate_up_suh", "down_svh"):
+            want = f"model.layers.{layer}.mlp.experts.r7_shared.{key}"
+            if key in sv and sv[key] != want:
+                findings.add(
+                    r7.R7_MANIFEST_LAYER,
+                    f"shared_vectors.{key} {sv[key]!r}, expected {want!r}",
+                    file=name,
+                    pointer=f"/shared_vectors/{key}",
+                )
+
+
+def _check_payload_names(ckpt: Checkpoint, lm: LayerManifest, findings: Findings) -> None:
+    ps = lm.man.get("payload_sha256")
+    st = ckpt.shards.get(lm.label)
+    if isinstance(ps, dict) and st is not None and "payload_sha256" not in lm.bad:
+        stray = [t for t in ps if t not in st.tensors]
+        for t in stray[:MAX_MISSING]:
+            findings.add(
+                r7.R7_MANIFEST_LAYER,
+                f"payload_sha256 names a tensor that {lm.label} does not hold",
+                file=lm.name,
+                tensor=t,
+                pointer=pointer_join("/payload_sha256", t),
+            )
+
+
+def _check_bit_map(lm: LayerManifest, bm: dict, payload: R7Payload, findings: Findings) -> None:
+    name = lm.name
+    mine = payload.by_layer.get(lm.layer, {})
+    mismatched = 0
+    for prefix, k in mine.items():
+        declared = bm.get(prefix)
+        if declared != k:
+            mismatched += 1
+            if mismatched <= MAX_MISSING:
+                findings.add(
+                    r7.R7_BIT_MAP,
+                    f"bit_map says {declared!r}, payload K = {k}",
+                    file=name,
+                    tensor=f"{prefix}.trellis",
+                    pointer=pointer_join("/bit_map", prefix),
+                )
+    for prefix in bm:
+        if prefix not in mine and prefix not in payload.trellis:
+            findings.add(
+                r7.R7_BIT_MAP,
+                "bit_map entry without a trellis in the shard",
+                file=name,
+                tensor=f"{prefix}.trellis",
+                pointer=pointer_join("/bit_map", prefix),
+            )
+    units = lm.man.get("allocation_bit_units")
+    if "allocation_bit_units" not in lm.bad and is_json_int(units):
+        total = sum(v for v in bm.values() if is_json_int(v))
+        if total != units:
+            findings.add(
+                r7.R7_ALLOCATION,
+                f"allocation_bit_units {units}, bit_map sums to {total}",
+                file=name,
+                pointer="/allocation_bit_units",
+            )
