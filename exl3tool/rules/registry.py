@@ -28,6 +28,7 @@ RULE_MODULES: tuple[str, ...] = (
     "exl3tool.rules.identity",
     "exl3tool.rules.tp",
     "exl3tool.rules.check",
+    "exl3tool.rules.crash",
 )
 
 
