@@ -160,6 +160,7 @@ class Options:
     hash: bool = False
     base: str | None = None
     threads: int | None = None
+    runtime: str = "public"  # checks/conformance.RUNTIMES
     quiet: bool = False
     selection: Any = None  # a rules.selection.RuleSelection, applied to every finding
 
@@ -181,7 +182,11 @@ def run(opts: Options) -> Report:
     set_quiet(opts.quiet)
     paths = [resolve_input(p) for p in opts.paths]
     options = ValidateOptions(
-        tp=opts.tp, hash=opts.hash, base=resolve_optional(opts.base), threads=opts.threads
+        tp=opts.tp,
+        hash=opts.hash,
+        base=resolve_optional(opts.base),
+        threads=opts.threads,
+        runtime=opts.runtime,
     )
     for path in paths:
         check_readable(path)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -50,6 +50,14 @@ def validate(
     threads: Annotated[
         int | None, typer.Option("--threads", help="Hashing threads (default: all cores).")
     ] = None,
+    runtime: Annotated[
+        Literal["public", "cartridge"],
+        typer.Option(
+            "--runtime",
+            help="Serving-runtime revision to predict: public (the strictest public one) or "
+            "cartridge (uniform rank-sliced K 2..6); docs/runtime-conformance.md.",
+        ),
+    ] = "public",
     fmt: FormatOpt = "text",
     output: OutputOpt = None,
     force: ForceOpt = False,
@@ -74,6 +82,7 @@ def validate(
         hash=hash_,
         base=base,
         threads=threads,
+        runtime=runtime,
         quiet=quiet,
         selection=rule_selection(select, ignore, severity),
     )

@@ -210,3 +210,17 @@ def test_contiguous_base_rank_sliced_allowed() -> None:
 
     ckpt = load_checkpoint(EXAMPLES / "msrt-base-tiny", Findings())
     assert plan_slices(ckpt, "msrt-base", 2, layout="rank-sliced").tp == 2
+
+
+def test_cli_runtime_option(built: dict[str, Path]) -> None:
+    from typer.testing import CliRunner
+
+    from exl3tool.cli.main import app
+
+    path = str(built["rank-sliced-k2"])
+    public = CliRunner().invoke(app, ["validate", path, "--format", "json"])
+    cartridge = CliRunner().invoke(app, ["validate", path, "--runtime", "cartridge"])
+    bogus = CliRunner().invoke(app, ["validate", path, "--runtime", "bogus"])
+    assert public.exit_code == 1 and "RS020" in public.output
+    assert cartridge.exit_code == 0
+    assert bogus.exit_code == 2
