@@ -66,31 +66,9 @@ def check_tensor_storage(
             findings.add(ex.EX_STORAGE_RECORD, problem, file=QC, pointer=ptr)
             if not isinstance(rec, dict) or not isinstance(rec.get("stored_tensors"), dict):
                 continue
-        stored = rec["stored_tensors"]
-        for name, meta in stored.items():
+        for name, meta in rec["stored_tensors"].items():
             listed.add(name)
-            sptr = pointer_join(pointer_join(ptr, "stored_tensors"), name)
-            ref = ckpt.tensors.get(name)
-            if ref is None:
-                findings.add(
-                    ex.EX_STORAGE_ABSENT,
-                    "listed but in no shard",
-                    file=QC,
-                    tensor=name,
-                    pointer=sptr,
-                )
-                continue
-            want = {
-                "shape": list(ref.info.shape),
-                "dtype": TORCH_NAMES.get(ref.info.dtype, ref.info.dtype),
-                "n_bytes": ref.info.nbytes,
-            }
-            got = meta if isinstance(meta, dict) else {}
-            bad = [f"{k} {got.get(k)!r} != {v!r}" for k, v in want.items() if got.get(k) != v]
-            if bad:
-                findings.add(
-                    ex.EX_STORAGE_MISMATCH, "; ".join(bad), file=QC, tensor=name, pointer=sptr
-                )
+            _check_stored(ckpt, name, meta, pointer_join(ptr, "stored_tensors"), findings)
         group = groups.get(prefix)
         if rec.get("quant_format") == "exl3" and group is not None:
             _check_record_bits(prefix, rec, group, ptr, findings)
@@ -107,6 +85,26 @@ def check_tensor_storage(
                     tensor=ref.name,
                     pointer=pointer_join("/tensor_storage", prefix),
                 )
+
+
+def _check_stored(ckpt: Checkpoint, name: str, meta: Any, base: str, findings: Findings) -> None:
+    """One stored_tensors entry: present in a shard, with the shard's shape, dtype and size."""
+    sptr = pointer_join(base, name)
+    ref = ckpt.tensors.get(name)
+    if ref is None:
+        findings.add(
+            ex.EX_STORAGE_ABSENT, "listed but in no shard", file=QC, tensor=name, pointer=sptr
+        )
+        return
+    want = {
+        "shape": list(ref.info.shape),
+        "dtype": TORCH_NAMES.get(ref.info.dtype, ref.info.dtype),
+        "n_bytes": ref.info.nbytes,
+    }
+    got = meta if isinstance(meta, dict) else {}
+    bad = [f"{k} {got.get(k)!r} != {v!r}" for k, v in want.items() if got.get(k) != v]
+    if bad:
+        findings.add(ex.EX_STORAGE_MISMATCH, "; ".join(bad), file=QC, tensor=name, pointer=sptr)
 
 
 def _check_record_bits(

@@ -60,6 +60,7 @@ def _vector(
     new: str,
     old: str,
     size: int | None,
+    *,
     findings: Findings,
     finite: FiniteCheck,
 ) -> None:
@@ -120,8 +121,8 @@ def check_linear(
         )
         return
     k_in, n_out = _trellis_dims(t, parts, findings)
-    _vector(group, "suh", "su", k_in, findings, finite)
-    _vector(group, "svh", "sv", n_out, findings, finite)
+    _vector(group, "suh", "su", k_in, findings=findings, finite=finite)
+    _vector(group, "svh", "sv", n_out, findings=findings, finite=finite)
     if "mcg" in parts and "mul1" in parts:
         findings.add(
             ex.EX_BOTH_MARKERS,

@@ -90,7 +90,7 @@ def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> 
             payload = check_experts(ctx)
             check_out_of_range(table, block, n_exp, tail_layers(tail), findings)
             if isinstance(qc["r7_routed_experts"], dict):
-                check_layer_manifests(ckpt, block, qc, payload, findings, digests)
+                check_layer_manifests(ckpt, block, qc, payload, findings, digests=digests)
         if tail is not None:
             _check_tail_role(tail, block, findings)
             tail_ctx = TailContext(

@@ -87,8 +87,10 @@ def check_layer_manifests(
     qc: dict,
     payload: R7Payload,
     findings: Findings,
+    *,
     digests: Digests | None,
 ) -> None:
+    """Every per-layer manifest of moe_layers (§4); their digests under `--hash`."""
     _check_listing(block, qc, findings)
     work = _DigestWork()
     for layer in block.layers:

@@ -217,9 +217,9 @@ def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: S
             tier_k = _tier_k(spec.tier, layer, e)
             for proj in PROJECTIONS:
                 for r in range(spec.tp):
-                    prefix = f"model.layers.{layer}.mlp.experts.{e}.{proj}.rank{r}"
-                    parts = table.ranked.get((layer, e, proj, r), {})
-                    _check_slice(spec, proj, prefix, parts, tier_k, missing, scan)
+                    key = (layer, e, proj, r)
+                    parts = table.ranked.get(key, {})
+                    missing.extend(_check_slice(spec, key, parts, tier_k, scan))
         for name in missing[:MAX_MISSING]:
             scan.findings.add(r7.RS_MISSING, "rank slice missing", file=ctx.file, tensor=name)
         if len(missing) > MAX_MISSING:
@@ -233,21 +233,22 @@ def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: S
 
 def _check_slice(
     spec: SliceSpec,
-    proj: str,
-    prefix: str,
+    key: tuple[int, int, str, int],
     parts: dict[str, TensorRef],
     tier_k: int | None,
-    missing: list[str],
     scan: Scan,
-) -> None:
-    """One rank slice `{prefix}.{trellis|mcg|suh|svh}` of one expert projection."""
+) -> list[str]:
+    """One rank slice `{prefix}.{trellis|mcg|suh|svh}` of one expert projection; returns the
+    names of its missing fields."""
     findings = scan.findings
+    layer, e, proj, r = key
+    prefix = f"model.layers.{layer}.mlp.experts.{e}.{proj}.rank{r}"
     down = proj == "down_proj"
     h_side = "svh" if down else "suh"
     need = ("trellis", "mcg", "suh", "svh")
     if spec.shared_h:
         need = tuple(x for x in need if x != h_side)
-    missing.extend(f"{prefix}.{fld}" for fld in need if fld not in parts)
+    missing = [f"{prefix}.{fld}" for fld in need if fld not in parts]
     if spec.shared_h and h_side in parts:
         ref = parts[h_side]
         findings.add(
@@ -274,6 +275,7 @@ def _check_slice(
             )
     if "mcg" in parts:
         check_marker(scan.reader, parts["mcg"], "mcg", findings)
+    return missing
 
 
 def _check_slice_trellis(
