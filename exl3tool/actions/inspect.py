@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from exl3tool.actions.inputs import resolve_input
-from exl3tool.actions.validate import CHECKPOINT_KINDS, check_readable
+from exl3tool.actions.validate import CHECKPOINT_KINDS, anchor, check_readable
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect
 from exl3tool.report.model import ArtifactRef, Report
@@ -90,10 +90,12 @@ def describe(path: Path) -> InspectResult:
             result.findings.add(
                 ck.CK_UNKNOWN_KIND, "not an EXL3, R7, rank-sliced or MSRT checkpoint", file="."
             )
+        result.findings = anchor(path, result.findings)
         return result
-    ckpt = load_checkpoint(path, result.findings)
-    result.findings = Findings(result.findings.errors())
-    if result.findings:
+    found = Findings()
+    ckpt = load_checkpoint(path, found)
+    if found.has_errors():
+        result.findings = anchor(path, Findings(found.errors()))
         return result
     result.info.update(_facts(ckpt))
     grid, weights, bits = _grid(ckpt)

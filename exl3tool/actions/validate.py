@@ -19,7 +19,7 @@ from exl3tool.actions.inputs import resolve_input, resolve_optional
 from exl3tool.checks.boundary import crash_rule, family_boundary
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
-from exl3tool.formats.detect import Kind, detect
+from exl3tool.formats.detect import Kind, detect, report_unusable_configs
 from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules.errors import InputError, UsageError
@@ -55,6 +55,8 @@ def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptio
         check_cartridge(path, findings, options)
         return {}
     if kind not in CHECKPOINT_KINDS:
+        if report_unusable_configs(path, findings):
+            return {}  # a config that does not parse is the root cause, not an unknown kind
         has_config = path.is_dir() and (path / "config.json").is_file()
         findings.add(
             ck.CK_UNKNOWN_KIND,
@@ -66,6 +68,9 @@ def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptio
         return {}
     ckpt = load_checkpoint(path, findings)
     extra = _facts(ckpt)
+    # Checks write to their own list: what only repeats a defect the loader reported (a JSON
+    # syntax error, a truncated shard) is dropped, so the root cause stands alone.
+    loaded, findings = findings, Findings()
     if kind is Kind.MSRT_BASE:
         from exl3tool.checks.base import check_base
 
@@ -87,6 +92,7 @@ def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptio
     from exl3tool.checks.conformance import check_conformance
 
     check_conformance(ckpt, kind, findings, options)
+    loaded.extend(f for f in findings if not ckpt.is_consequence(f))
     return extra
 
 
@@ -98,7 +104,7 @@ def _facts(ckpt: Checkpoint) -> dict:
     }
 
 
-def _anchor(path: Path, findings: Findings) -> Findings:
+def anchor(path: Path, findings: Findings) -> Findings:
     """Findings name files relative to the artifact; prefix them with the path the user gave so
     one report over several artifacts stays unambiguous."""
     base = path.parent if path.is_file() else path
@@ -148,7 +154,7 @@ def validate_path(path: Path, options: ValidateOptions) -> tuple[ArtifactRef, Fi
     except (PermissionError, IsADirectoryError) as exc:
         raise InputError(f"{exc.filename or path}: {exc.strerror or exc}") from exc
     extra["seconds"] = round(time.perf_counter() - start, 3)
-    return ArtifactRef(str(path), kind.value, extra), _anchor(path, findings)
+    return ArtifactRef(str(path), kind.value, extra), anchor(path, findings)
 
 
 @dataclass(frozen=True)

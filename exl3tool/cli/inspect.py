@@ -15,7 +15,9 @@ from exl3tool.cli.common import ARTIFACT_HELP, ForceOpt, TextJsonOpt, handle_err
 def inspect(
     path: Annotated[
         str,
-        typer.Argument(help=f"Checkpoint directory or .safetensors file ({ARTIFACT_HELP})."),
+        typer.Argument(
+            help=f"Checkpoint directory or .safetensors file ({ARTIFACT_HELP}).", metavar="PATH"
+        ),
     ],
     fmt: TextJsonOpt = "text",
     plot: Annotated[
