@@ -53,7 +53,7 @@ def check_identity(
             file="config.json",
             pointer=_PTR + "/compatibility_sha256",
         )
-    if not options.hash or k is None:
+    if not options.hash or k is None or ckpt.incomplete:  # incomplete: the loader said why
         return
     ident = compat_identity(ckpt, k=k, threads=options.threads)
     if ident.root is None:

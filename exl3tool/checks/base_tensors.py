@@ -58,6 +58,7 @@ def check_tensors(
                     mb.MB_EXPERTS,
                     f"layer {layer} holds experts {sorted(es)}, experts_per_layer is {epl}",
                     file="config.json",
+                    tensor=f"model.layers.{layer}.mlp.experts",
                     pointer=PTR + "/experts_per_layer",
                 )
 

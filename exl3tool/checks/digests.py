@@ -17,10 +17,12 @@ class Digests:
     """Lazy sha256 of whole files and tensor payloads through `exl3tool.identity.engine`; each
     file is hashed at most once per run (shard_sha256 and files_sha256 share results)."""
 
-    def __init__(self, root: Path, options: ValidateOptions) -> None:
+    def __init__(self, root: Path, options: ValidateOptions, rejected: Iterable[str] = ()) -> None:
         self.root = root
         self.threads = options.threads
-        self._files: dict[str, str | None] = {}
+        # Files the loader rejected (truncated, unreadable): their digest mismatch would only
+        # repeat that finding, so they count as unreadable here.
+        self._files: dict[str, str | None] = dict.fromkeys(rejected)
 
     def files(self, labels: Iterable[str]) -> dict[str, str | None]:
         """sha256 per relative file; None for a file that cannot be read."""

@@ -82,7 +82,8 @@ def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> 
     if block is not None:
         _check_model_range(config, block, findings)
     finite = FiniteCheck()
-    digests = Digests(ckpt.root, options) if options.hash else None
+    rejected = ckpt.damaged_shards | ckpt.rejected_files
+    digests = Digests(ckpt.root, options, rejected) if options.hash else None
     with RandomAccessReader() as reader:
         scan = Scan(findings, reader, finite)
         if block is not None and n_exp is not None:

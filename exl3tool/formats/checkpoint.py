@@ -1,7 +1,12 @@
 """A checkpoint directory (or single safetensors file) as configs + a tensor index.
 
 `load_checkpoint` reads JSON and safetensors headers only. Container defects (index vs shards,
-unreadable files, duplicates) become CK/ST/JS findings; the model returned is best effort.
+unreadable files, duplicates) become CK/ST/JS findings; the model returned is best effort and
+records what it rejected, so that checks which would only repeat a root cause (a JSON syntax
+error, a truncated shard) are dropped (`Checkpoint.is_consequence`).
+
+Files may be symlinks: a Hugging Face cache snapshot links every file into `../../blobs/`, and the
+runtime follows links. A link that leaves both the artifact and the cache is a PA006 warning.
 """
 
 from __future__ import annotations
@@ -12,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from exl3tool.io.jsonfile import read_json
-from exl3tool.io.paths import relative_path_problem
+from exl3tool.io.paths import link_escape, relative_path_problem
 from exl3tool.io.safetensors import SafetensorsFile, TensorInfo, read_header
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules import io as io_rules
 from exl3tool.rules.errors import InputError
-from exl3tool.rules.registry import Findings
+from exl3tool.rules.registry import Finding, Findings
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -47,6 +52,13 @@ class Checkpoint:
     shards: dict[str, SafetensorsFile] = field(default_factory=dict)  # label -> header
     tensors: dict[str, TensorRef] = field(default_factory=dict)
     single_file: str | None = None  # set when the artifact is one .safetensors file
+    # Root causes already reported while loading (see `is_consequence`): files that could not
+    # be used at all, shards that lost entries (truncated, malformed), and the tensors that the
+    # index maps to them but that they do not deliver.
+    rejected_files: set[str] = field(default_factory=set)
+    damaged_shards: set[str] = field(default_factory=set)
+    rejected_tensors: set[str] = field(default_factory=set)
+    _rejected_scopes: frozenset[str] | None = field(default=None, repr=False)
 
     @property
     def embedded_quant(self) -> Any:
@@ -57,7 +69,40 @@ class Checkpoint:
         p = self.root / name
         if not p.is_file():
             return None
-        return read_json(p, findings, name, **kw)
+        return _read_json(self, name, findings, **kw)
+
+    @property
+    def incomplete(self) -> bool:
+        """Some tensor could not be loaded: digests over the whole artifact or a layer would be
+        computed from a partial set (checks that recompute them skip; the loader said why)."""
+        shards = self.rejected_files - {"config.json", "quantization_config.json", INDEX_NAME}
+        return bool(self.rejected_tensors or self.damaged_shards or shards)
+
+    def is_consequence(self, finding: Finding) -> bool:
+        """True for a check's finding that only repeats a defect the loader reported: it names
+        a rejected file, a damaged shard as a whole, or a rejected tensor (or the layer or
+        module holding one: its facts were computed from an incomplete set)."""
+        loc = finding.location
+        if loc.file in self.rejected_files:
+            return True
+        if loc.tensor is None:
+            return loc.file in self.damaged_shards
+        if self._rejected_scopes is None:
+            scopes = set()
+            for name in self.rejected_tensors:
+                parts = name.split(".")
+                scopes.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))
+            self._rejected_scopes = frozenset(scopes)
+        return loc.tensor in self._rejected_scopes
+
+
+def _read_json(ckpt: Checkpoint, name: str, findings: Findings, **kw: Any) -> Any:
+    """`read_json`, remembering a document that could not be used as a rejected file."""
+    before = len(findings)
+    value = read_json(ckpt.root / name, findings, name, **kw)
+    if value is None and len(findings) > before:
+        ckpt.rejected_files.add(name)
+    return value
 
 
 def _list_safetensors(root: Path) -> list[str]:
@@ -66,12 +111,26 @@ def _list_safetensors(root: Path) -> list[str]:
     )
 
 
-def _read_shard(root: Path, label: str, findings: Findings) -> SafetensorsFile | None:
+def _read_shard(ckpt: Checkpoint, label: str, findings: Findings) -> SafetensorsFile | None:
     try:
-        return read_header(root / label, findings, label)
+        st = read_header(ckpt.root / label, findings, label)
     except OSError as exc:
         findings.add(ck.CK_SHARD_UNREADABLE, f"{exc.strerror or exc}", file=label)
-        return None
+        st = None
+    if st is None:
+        ckpt.rejected_files.add(label)
+    elif st.invalid_entries:
+        ckpt.damaged_shards.add(label)
+    return st
+
+
+def _report_links(root: Path, names: list[str], findings: Findings) -> None:
+    """PA006 for each of `names` (relative to `root`) that is a symlink leaving the artifact and
+    the hub cache; links inside either are read like files."""
+    for name in names:
+        problem = link_escape(root, root / name)
+        if problem:
+            findings.add(io_rules.PA_LINK_ESCAPE, problem, file=name)
 
 
 def load_checkpoint(path: Path, findings: Findings, *, need_config: bool = True) -> Checkpoint:
@@ -81,7 +140,8 @@ def load_checkpoint(path: Path, findings: Findings, *, need_config: bool = True)
         raise InputError(f"{path}: no such file or directory")
     if path.is_file():
         ckpt = Checkpoint(root=path.parent, single_file=path.name)
-        st = _read_shard(path.parent, path.name, findings)
+        _report_links(path.parent, [path.name], findings)
+        st = _read_shard(ckpt, path.name, findings)
         if st is not None:
             ckpt.shards[path.name] = st
             ckpt.tensors = {n: TensorRef(st, t) for n, t in st.tensors.items()}
@@ -90,20 +150,18 @@ def load_checkpoint(path: Path, findings: Findings, *, need_config: bool = True)
         raise InputError(f"{path}: not a directory or regular file")
     try:
         names = _list_safetensors(path)
+        _report_links(path, sorted(e.name for e in os.scandir(path) if e.is_symlink()), findings)
     except OSError as exc:
         raise InputError(f"{path}: {exc.strerror}") from exc
     ckpt = Checkpoint(root=path)
-    cfg = path / "config.json"
-    if cfg.is_file():
-        ckpt.config = read_json(cfg, findings, "config.json")
-    if ckpt.config is None and need_config:
+    if (path / "config.json").is_file():
+        ckpt.config = _read_json(ckpt, "config.json", findings)
+    if ckpt.config is None and need_config and "config.json" not in ckpt.rejected_files:
         findings.add(ck.CK_CONFIG, "config.json is missing or unusable", file="config.json")
-    qc = path / "quantization_config.json"
-    if qc.is_file():
-        ckpt.quant_config = read_json(qc, findings, "quantization_config.json")
-    index_path = path / INDEX_NAME
-    if index_path.is_file():
-        ckpt.index = read_json(index_path, findings, INDEX_NAME)
+    if (path / "quantization_config.json").is_file():
+        ckpt.quant_config = _read_json(ckpt, "quantization_config.json", findings)
+    if (path / INDEX_NAME).is_file():
+        ckpt.index = _read_json(ckpt, INDEX_NAME, findings)
         _load_indexed(ckpt, names, findings)
     else:
         if not names:
@@ -111,7 +169,7 @@ def load_checkpoint(path: Path, findings: Findings, *, need_config: bool = True)
         elif len(names) > 1:
             findings.add(ck.CK_NO_INDEX, f"{len(names)} shards and no {INDEX_NAME}", file=".")
         for label in names:
-            st = _read_shard(path, label, findings)
+            st = _read_shard(ckpt, label, findings)
             if st is not None:
                 ckpt.shards[label] = st
         _collect(ckpt, findings)
@@ -134,14 +192,15 @@ def _load_indexed(ckpt: Checkpoint, present: list[str], findings: Findings) -> N
     idx = ckpt.index
     wm = idx.get("weight_map") if isinstance(idx, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
-        findings.add(
-            ck.CK_INDEX_MALFORMED,
-            "weight_map must map tensor names to shard files",
-            file=INDEX_NAME,
-            pointer="/weight_map",
-        )
+        if INDEX_NAME not in ckpt.rejected_files:  # else the JSON finding says why
+            findings.add(
+                ck.CK_INDEX_MALFORMED,
+                "weight_map must map tensor names to shard files",
+                file=INDEX_NAME,
+                pointer="/weight_map",
+            )
         for label in present:
-            st = _read_shard(ckpt.root, label, findings)
+            st = _read_shard(ckpt, label, findings)
             if st is not None:
                 ckpt.shards[label] = st
         _collect(ckpt, findings)
@@ -152,6 +211,7 @@ def _load_indexed(ckpt: Checkpoint, present: list[str], findings: Findings) -> N
         # links every file into ../../blobs); cartridges, which forbid links, use open_inside.
         problem = relative_path_problem(label)
         if problem:
+            ckpt.rejected_files.add(label)
             findings.add(
                 io_rules.PA_ESCAPE,
                 f"shard path {label!r} {problem}",
@@ -164,6 +224,7 @@ def _load_indexed(ckpt: Checkpoint, present: list[str], findings: Findings) -> N
         except OSError as exc:  # e.g. a name too long for the file system
             absent = exc.strerror or str(exc)
         if absent:
+            ckpt.rejected_files.add(label)
             findings.add(
                 ck.CK_INDEX_MISSING_SHARD,
                 f"{label} is referenced but {absent}",
@@ -171,20 +232,26 @@ def _load_indexed(ckpt: Checkpoint, present: list[str], findings: Findings) -> N
                 pointer="/weight_map",
             )
             continue
-        st = _read_shard(ckpt.root, label, findings)
+        if "/" in label:  # top-level links were reported by load_checkpoint
+            _report_links(ckpt.root, [label], findings)
+        st = _read_shard(ckpt, label, findings)
         if st is not None:
             ckpt.shards[label] = st
     mapped = set(referenced)  # not `in wm.values()`: that is O(tensors) per shard
     for label in present:
         if label not in mapped and label not in ckpt.shards:
             findings.add(ck.CK_UNREFERENCED_SHARD, "no tensor of the index lives here", file=label)
-            st = _read_shard(ckpt.root, label, findings)
+            st = _read_shard(ckpt, label, findings)
             if st is not None:
                 ckpt.shards[label] = st
     _collect(ckpt, findings)
     for name, label in wm.items():
         st = ckpt.shards.get(label)
-        if st is not None and name not in st.tensors:
+        if label in ckpt.rejected_files or (
+            label in ckpt.damaged_shards and name not in st.tensors
+        ):
+            ckpt.rejected_tensors.add(name)  # the shard's own finding is the root cause
+        elif st is not None and name not in st.tensors:
             findings.add(
                 ck.CK_INDEX_MISSING_TENSOR,
                 f"mapped to {label} but not in it",
@@ -199,7 +266,7 @@ def _load_indexed(ckpt: Checkpoint, present: list[str], findings: Findings) -> N
             )
     meta = idx.get("metadata")
     total = meta.get("total_size") if isinstance(meta, dict) else None
-    if total is not None:
+    if total is not None and not ckpt.rejected_tensors:
         actual = sum(r.info.nbytes for r in ckpt.tensors.values())
         if type(total) is not int or total != actual:
             findings.add(

@@ -6,7 +6,9 @@ import enum
 from pathlib import Path
 from typing import Any
 
+from exl3tool.io.jsonfile import read_json
 from exl3tool.io.strict_json import loads
+from exl3tool.rules.registry import Findings
 
 
 class Kind(str, enum.Enum):
@@ -66,3 +68,18 @@ def detect(path: Path) -> Kind:
     qc_path = path / "quantization_config.json"
     quant = _quiet_json(qc_path) if qc_path.is_file() else None
     return kind_from_configs(config, quant)
+
+
+def report_unusable_configs(path: Path, findings: Findings) -> bool:
+    """Report the JSON defects of a directory's config.json / quantization_config.json that
+    stopped `detect`; True when one of them could not be used (then it is the root cause and an
+    "unknown kind" finding would only repeat it)."""
+    unusable = False
+    for name in ("config.json", "quantization_config.json"):
+        p = Path(path) / name
+        if not p.is_file():
+            continue
+        before = len(findings)
+        if read_json(p, findings, name) is None and len(findings) > before:
+            unusable = True
+    return unusable

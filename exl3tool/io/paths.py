@@ -1,7 +1,9 @@
-"""Path hygiene for files named inside manifests: relative, inside the root, no symlinks.
+"""Path hygiene for files named inside manifests: relative, inside the root, no stray symlinks.
 
 Files are opened component by component with O_NOFOLLOW relative to the artifact directory,
-so a symlink anywhere on the way (or a swap to one) cannot redirect the read.
+so a symlink anywhere on the way (or a swap to one) cannot redirect the read. Where a caller
+allows it (`links=`), a symlink whose target stays inside the artifact or lies in the Hugging Face
+cache's `blobs/` (how every snapshot file is stored) is read like the file it names.
 """
 
 from __future__ import annotations
@@ -9,6 +11,14 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from exl3tool.io.hf_cache import blob_root
+
+# none: every symlink is a violation (what the serving runtime does for adapter files);
+# cache: links into the artifact or the hub cache's blobs/ are files, others are violations;
+# any: every link is followed (stage-cartridge reads them to write real files).
+Links = Literal["none", "cache", "any"]
 
 
 class PathViolation(Exception):
@@ -35,8 +45,48 @@ def relative_path_problem(rel: object) -> str | None:
     return None
 
 
-def open_inside(root: Path, rel: str) -> int:
-    """Open `root/rel` read-only without following any symlink; return the fd of a regular file."""
+def link_escape(root: Path, path: Path) -> str | None:
+    """Why the symlink `path` inside `root` leaves both the artifact and the hub cache's blobs/,
+    or None (not a link, a link that stays inside, a link into the cache, or a dangling link,
+    which readers report as missing)."""
+    try:
+        if not os.path.islink(path):
+            return None
+        target = Path(os.path.realpath(path))
+        if not target.exists():
+            return None
+    except (OSError, ValueError):
+        return None
+    if is_within(root, target):
+        return None
+    blobs = blob_root(root)
+    if blobs is not None and is_within(blobs, target):
+        return None
+    return f"symlink to {target}, outside the artifact and the Hugging Face cache"
+
+
+def _open_link(root: Path, rel: str, shown: str, links: Links) -> int:
+    """Open the file that the symlink path `root/rel` names, if `links` allows that target."""
+    path = root / rel
+    problem = link_escape(root, path) if links == "cache" else None
+    if problem:
+        raise PathViolation("symlink", f"{rel}: {shown} is a {problem}")
+    target = os.path.realpath(path)
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError as exc:
+        raise PathViolation("missing", f"{rel}: {shown} is a dangling symlink") from exc
+    except OSError as exc:
+        raise PathViolation("not-regular", f"{rel}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PathViolation("not-regular", f"{rel}: not a regular file")
+    return fd
+
+
+def open_inside(root: Path, rel: str, *, links: Links = "none") -> int:
+    """Open `root/rel` read-only; return the fd of a regular file. No symlink is followed unless
+    `links` allows it (see `Links`)."""
     problem = relative_path_problem(rel)
     if problem:
         raise PathViolation("escape", f"{rel!r} {problem}")
@@ -54,7 +104,10 @@ def open_inside(root: Path, rel: str) -> int:
             except FileNotFoundError as exc:
                 raise PathViolation("missing", f"{rel}: no such file") from exc
             if stat.S_ISLNK(st.st_mode):
-                raise PathViolation("symlink", f"{rel}: {'/'.join(parts[: i + 1])} is a symlink")
+                shown = "/".join(parts[: i + 1])
+                if links == "none":
+                    raise PathViolation("symlink", f"{rel}: {shown} is a symlink")
+                return _open_link(root, "/".join(parts), shown, links)
             if not last:
                 nfd = os.open(part, flags_dir, dir_fd=dfd)
                 os.close(dfd)

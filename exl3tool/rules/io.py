@@ -275,8 +275,10 @@ PA_SYMLINK = rule(
     "path-symlink",
     E,
     "Symlink where a regular file is required",
-    "Symlinks can point outside the artifact and change under the reader.",
-    "Replace the symlink with the file itself.",
+    "The runtime opens adapter files without following links (a link can point anywhere and "
+    "change under the reader); links into the artifact or the Hugging Face cache's blobs/ are "
+    "read like files, others are refused.",
+    "Run `exl3tool stage-cartridge`: it writes a real-file copy; or replace the link with the file.",
 )
 PA_NOT_REGULAR = rule(
     "PA003",
@@ -293,6 +295,15 @@ PA_ESCAPE = rule(
     "Path escapes the artifact directory",
     "Absolute paths, '..' segments or links leaving the directory are rejected.",
     "Use a relative path inside the artifact directory.",
+)
+PA_LINK_ESCAPE = rule(
+    "PA006",
+    "path-symlink-escape",
+    W,
+    "Symlink leaves the artifact",
+    "The runtime follows it, so the checkpoint depends on a file outside its directory (and "
+    "outside the Hugging Face cache's blobs/) that copies and uploads lose and others can change.",
+    "Replace the link with the file (cp -L), or point it inside the artifact.",
 )
 PA_DUPLICATE = rule(
     "PA005",
