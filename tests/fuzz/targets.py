@@ -1,0 +1,136 @@
+"""Seed artifacts (tiny `exl3tool.synth` builds, snapshotted as layouts) and the library entry
+points a case calls on a mutated copy: validate (with and without --hash), identity, inspect,
+stage-cartridge. Every call's outcome is classified by `run_case`."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.fuzz.mutate import Layout, Special, mutate
+
+SEED_KINDS = ("exl3", "r7", "rank-sliced", "base", "cartridge", "cartridge-tp2")
+
+
+def build_seeds(root: Path) -> dict[str, Path]:
+    """The tiny valid artifacts every case starts from (built once per campaign)."""
+    from exl3tool.synth.exl3 import build_exl3
+    from exl3tool.synth.msrt import build_adapter, build_base
+    from exl3tool.synth.r7 import build_r7, build_rank_sliced
+
+    root.mkdir(parents=True, exist_ok=True)
+    base = build_base(root / "base", layers=(3,), experts=2, hidden=128, intermediate=256)
+    return {
+        "exl3": build_exl3(root / "exl3"),
+        "r7": build_r7(root / "r7"),
+        "rank-sliced": build_rank_sliced(root / "rank-sliced"),
+        "base": base,
+        "cartridge": build_adapter(root / "cartridge", base),
+        "cartridge-tp2": build_adapter(
+            root / "cartridge-tp2", base, layout="rank-sharded", world_size=2
+        ),
+    }
+
+
+def snapshot(art: Path) -> Layout:
+    out: Layout = {}
+    for p in sorted(art.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            out[p.relative_to(art).as_posix()] = p.read_bytes()
+    return out
+
+
+def materialize(layout: Layout, root: Path) -> None:
+    root.mkdir(parents=True)
+    for rel, node in layout.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(node, bytes):
+            with open(p, "wb") as fh:
+                fh.write(node)
+        elif isinstance(node, Special):
+            if node.kind == "fifo":
+                os.mkfifo(p)
+            elif node.kind == "dir":
+                p.mkdir()
+            else:
+                os.symlink(node.target, p)
+
+
+@dataclass(frozen=True)
+class Case:
+    index: int
+    kind: str
+    entry: str
+    what: str
+    layout: Layout
+
+
+ENTRIES = {
+    "exl3": ("validate", "validate", "validate-hash", "identity", "inspect"),
+    "r7": ("validate", "validate", "validate-hash", "identity", "inspect"),
+    "rank-sliced": ("validate", "validate", "validate-hash", "identity", "inspect"),
+    "base": ("validate", "validate", "validate-hash", "identity", "stage-base"),
+    "cartridge": ("validate", "validate-base", "validate-hash", "stage", "stage-tp2"),
+    "cartridge-tp2": ("validate", "validate-base", "validate-hash", "stage"),
+}
+
+
+def make_case(seed: int, index: int, seeds: dict[str, Layout]) -> Case:
+    """Case `index` of campaign `seed`: a pure function of both (replayable)."""
+    rng = random.Random(f"{seed}:{index}")
+    kind = rng.choice(SEED_KINDS)
+    entry = rng.choice(ENTRIES[kind])
+    layout = dict(seeds[kind])
+    what = mutate(rng, layout)
+    return Case(index, kind, entry, what, layout)
+
+
+def call_entry(case: Case, art: Path, pristine: dict[str, Path], out: Path) -> Any:
+    """Call the library entry point of `case` on the mutated artifact at `art`."""
+    from exl3tool.actions.validate import validate_path
+    from exl3tool.checks.options import ValidateOptions
+
+    e = case.entry
+    if e == "validate":
+        return validate_path(art, ValidateOptions(threads=1))[1]
+    if e == "validate-hash":
+        return validate_path(art, ValidateOptions(hash=True, threads=1))[1]
+    if e == "validate-base":
+        return validate_path(art, ValidateOptions(base=pristine["base"], threads=1))[1]
+    if e == "inspect":
+        from exl3tool.actions.inspect import describe
+
+        return describe(art).findings
+    if e == "identity":
+        from exl3tool.formats.checkpoint import load_checkpoint
+        from exl3tool.identity.fast import compute_identity
+        from exl3tool.rules.registry import Findings
+
+        return compute_identity(load_checkpoint(art, Findings()), algo="sha256", threads=1)
+    from exl3tool.staging.stage import stage_cartridge
+
+    if e == "stage-base":
+        adapter, base, tp = pristine["cartridge"], art, None
+    else:
+        adapter, base, tp = art, pristine["base"], (2 if e == "stage-tp2" else None)
+    return stage_cartridge(adapter, base, out=out, tp=tp, threads=1).findings
+
+
+def crashed(result: Any) -> str | None:
+    """A `check-crashed` finding (an exception the boundary caught) is a bug too."""
+    from exl3tool.rules.registry import Findings
+
+    for f in result if isinstance(result, Findings) else ():
+        if f.rule.code.endswith("099"):
+            return f"{f.rule.code} {f.message}"
+    return None
+
+
+def clean(path: Path) -> None:
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
