@@ -22,6 +22,8 @@ FAMILY_TITLES = MappingProxyType(
         "ID": "byte identities",
         "TP": "tensor-parallel slicing",
         "GT": "pre-publish gate (exl3tool check)",
+        "PL": "boot plan (exl3tool plan)",
+        "VS": "verify-swap runs (memory, rank processes)",
     }
 )
 

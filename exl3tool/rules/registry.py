@@ -29,6 +29,8 @@ RULE_MODULES: tuple[str, ...] = (
     "exl3tool.rules.tp",
     "exl3tool.rules.check",
     "exl3tool.rules.crash",
+    "exl3tool.rules.verify",
+    "exl3tool.rules.plan",
 )
 
 

@@ -3,10 +3,14 @@
 Deliberately independent of everything the hot path uses: no staging, no runtime tables, no TP
 plan, no trellis slicing. It reads `adapter_config.json` with `json`, tensors with
 `safetensors.safe_open`, decodes every FULL effective weight, computes `1/scale` in double and
-rounds it to fp32 (msrt-cartridge-format.md §1.2), and applies the chain in manifest order. For a
-TP rank it cuts the DECODED weights with plain arithmetic (`r·I/N`). Its forward performs the same
-floating-point operations as the runtime (precision policy in `runtime.linear`), so a correct hot
-load must match it bit for bit.
+rounds it to fp32 (msrt-cartridge-format.md §1.2), takes each stage's K from its trellis shape
+(last dim / 16) and applies the chain in manifest order. For a TP rank it cuts the DECODED
+weights with plain arithmetic (`r·I/N`). Its forward performs the same floating-point operations
+as the runtime (precision policy in `runtime.linear`), so a correct hot load matches it bit for bit.
+
+Memory: `ColdIndex` maps tensor names to files once; `ColdIndex.expert(L, e)` decodes one expert
+of one layer on demand, so verify-swap holds one cold expert at a time (`build` still decodes whole
+layers for tests and small tools).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,47 +32,121 @@ KEY = re.compile(
     r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)"
     r"\.rank(\d+)\.(trellis|scale)_(.+)$"
 )
+_AXIS = {"gate_proj": 1, "up_proj": 1, "down_proj": 0}  # a rank-sharded stage's cut axis
 
 
-def read_all(directory: Path, files: list[str]) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        with safe_open(str(Path(directory) / f), framework="pt") as st:
-            for name in st.keys():  # noqa: SIM118 - safe_open is not a mapping
-                out[name] = st.get_tensor(name)
-    return out
+@dataclass(frozen=True)
+class ColdStage:
+    """One stage of one (expert, projection), from the adapter's own files."""
+
+    label: str
+    inverse_scale: torch.Tensor  # fp32 [], 1/scale in double rounded to fp32 (§1.2)
+    k: int  # bits per weight of the stage trellis (its last dim / 16)
+    weight: torch.Tensor  # fp16 [in, out], full size, decoded with the base's suh/svh (§1.1)
 
 
-def base_tensors(base: Path, layers: list[int]) -> dict[str, torch.Tensor]:
-    files = sorted(p.name for p in Path(base).glob("*.safetensors"))
-    wanted = tuple(f"model.layers.{L}.mlp." for L in layers)
-    return {n: t for n, t in read_all(base, files).items() if n.startswith(wanted)}
+@dataclass
+class ColdExpert:
+    """Full decoded weights of one expert: base `W_eff` and its stages in chain order."""
+
+    expert: int
+    base: dict[str, torch.Tensor] = field(default_factory=dict)
+    stages: dict[str, list[ColdStage]] = field(default_factory=dict)
 
 
-def adapter_stages(adapter: Path) -> tuple[dict, dict[tuple[int, int, str], list]]:
-    """(manifest, {(layer, expert, proj): [(label, inverse scale fp32 [], full trellis)]})."""
-    manifest = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    tensors = read_all(adapter, [s["path"] for s in manifest["shards"]])
-    order = [c["label"] for c in manifest["chain"]]
-    axis = {"gate_proj": 1, "up_proj": 1, "down_proj": 0}
-    parts: dict[tuple[int, int, str, str], dict[int, torch.Tensor]] = {}
-    scales: dict[tuple[int, int, str, str], torch.Tensor] = {}
-    for name, t in tensors.items():
-        m = KEY.match(name)
-        layer, expert, proj, rank, comp, label = m.groups()
-        key = (int(layer), int(expert), proj, label)
-        if comp == "trellis":
-            parts.setdefault(key, {})[int(rank)] = t
+class _Files:
+    """safetensors files opened once, tensors read on demand (name -> file)."""
+
+    def __init__(self, directory: Path, files: list[str]) -> None:
+        self.handles: list[Any] = [
+            safe_open(str(Path(directory) / f), framework="pt") for f in files
+        ]
+        self.where: dict[str, Any] = {}
+        for h in self.handles:
+            for name in h.keys():  # noqa: SIM118 - safe_open is not a mapping
+                self.where[name] = h
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.where[name].get_tensor(name)
+
+
+class ColdIndex:
+    """Where every base and stage tensor lives; decodes one expert at a time."""
+
+    def __init__(self, base: Path, adapter: Path | None) -> None:
+        self.base = _Files(base, sorted(p.name for p in Path(base).glob("*.safetensors")))
+        self.manifest: dict[str, Any] = {}
+        self.stage_keys: dict[tuple[int, int, str], list[tuple[str, dict[int, str], str]]] = {}
+        if adapter is not None:
+            self.manifest = json.loads((Path(adapter) / "adapter_config.json").read_text())
+            self.adapter: _Files | None = _Files(
+                adapter, [s["path"] for s in self.manifest["shards"]]
+            )
+            self._index_stages()
         else:
-            scales[key] = t
-    out: dict[tuple[int, int, str], list] = {}
-    for key in sorted(parts, key=lambda k: (k[0], k[1], k[2], order.index(k[3]))):
-        layer, expert, proj, label = key
-        ranks = parts[key]
-        trellis = torch.cat([ranks[r] for r in sorted(ranks)], dim=axis[proj])
-        inv = torch.tensor(1.0 / float(scales[key]), dtype=torch.float32)
-        out.setdefault((layer, expert, proj), []).append((label, inv, trellis))
-    return manifest, out
+            self.adapter = None
+
+    def _index_stages(self) -> None:
+        assert self.adapter is not None
+        order = [c["label"] for c in self.manifest["chain"]]
+        parts: dict[tuple[int, int, str, str], dict[int, str]] = {}
+        scales: dict[tuple[int, int, str, str], str] = {}
+        for name in self.adapter.where:
+            m = KEY.match(name)
+            if m is None:
+                continue
+            layer, expert, proj, rank, comp, label = m.groups()
+            key = (int(layer), int(expert), proj, label)
+            if comp == "trellis":
+                parts.setdefault(key, {})[int(rank)] = name
+            else:
+                scales[key] = name
+        for key in sorted(parts, key=lambda k: (k[0], k[1], k[2], order.index(k[3]))):
+            layer, expert, proj, label = key
+            self.stage_keys.setdefault((layer, expert, proj), []).append(
+                (label, parts[key], scales[key])
+            )
+
+    def num_experts(self, layer: int) -> int:
+        e = 0
+        while f"model.layers.{layer}.mlp.experts.{e}.gate_proj.rank0.trellis" in self.base.where:
+            e += 1
+        return e
+
+    def router(self, layer: int) -> torch.Tensor | None:
+        name = f"model.layers.{layer}.mlp.gate.weight"
+        return self.base.get(name) if name in self.base.where else None
+
+    def expert(self, layer: int, e: int, device: torch.device) -> ColdExpert:
+        out = ColdExpert(e)
+        for p in PROJS:
+            pre = f"model.layers.{layer}.mlp.experts.{e}.{p}.rank0."
+            suh, svh = (self.base.get(pre + c).to(device) for c in ("suh", "svh"))
+            out.base[p] = effective_weight(
+                self.base.get(pre + "trellis").to(device), suh, svh, "mcg"
+            )
+            out.stages[p] = [
+                self._stage(label, ranks, scale, p, suh, svh, device)
+                for label, ranks, scale in self.stage_keys.get((layer, e, p), [])
+            ]
+        return out
+
+    def _stage(
+        self,
+        label: str,
+        ranks: dict[int, str],
+        scale: str,
+        proj: str,
+        suh: torch.Tensor,
+        svh: torch.Tensor,
+        device: torch.device,
+    ) -> ColdStage:
+        assert self.adapter is not None
+        parts = [self.adapter.get(ranks[r]) for r in sorted(ranks)]
+        trellis = torch.cat(parts, dim=_AXIS[proj]).to(device)
+        inv = torch.tensor(1.0 / float(self.adapter.get(scale)), dtype=torch.float32)
+        weight = effective_weight(trellis, suh, svh, "mcg")
+        return ColdStage(label, inv.to(device), int(trellis.shape[-1]) // 16, weight)
 
 
 @dataclass
@@ -79,34 +158,30 @@ class ColdLayer:
         default_factory=dict
     )
 
+    def add(self, ex: ColdExpert) -> None:
+        for p in PROJS:
+            self.base[(ex.expert, p)] = ex.base[p]
+            self.stages[(ex.expert, p)] = [
+                (s.label, s.inverse_scale, s.weight) for s in ex.stages[p]
+            ]
+
 
 def build(
     base: Path, adapter: Path | None, layers: list[int], device: torch.device
 ) -> dict[int, ColdLayer]:
     """Full-size cold weights of `layers` (adapter None = the base alone)."""
-    bt = base_tensors(base, layers)
-    stages = adapter_stages(adapter)[1] if adapter is not None else {}
+    index = ColdIndex(base, adapter)
     out: dict[int, ColdLayer] = {}
     for L in layers:
         cl = ColdLayer()
-        e = 0
-        while f"model.layers.{L}.mlp.experts.{e}.gate_proj.rank0.trellis" in bt:
-            for p in PROJS:
-                pre = f"model.layers.{L}.mlp.experts.{e}.{p}.rank0."
-                suh, svh = bt[pre + "suh"].to(device), bt[pre + "svh"].to(device)
-                t = bt[pre + "trellis"].to(device)
-                cl.base[(e, p)] = effective_weight(t, suh, svh, "mcg")
-                cl.stages[(e, p)] = [
-                    (label, inv.to(device), effective_weight(ts.to(device), suh, svh, "mcg"))
-                    for label, inv, ts in stages.get((L, e, p), [])
-                ]
-            e += 1
+        for e in range(index.num_experts(L)):
+            cl.add(index.expert(L, e, device))
         out[L] = cl
     return out
 
 
 def router(base: Path, layer: int) -> torch.Tensor | None:
-    return base_tensors(base, [layer]).get(f"model.layers.{layer}.mlp.gate.weight")
+    return ColdIndex(base, None).router(layer)
 
 
 def rank_cut(w: torch.Tensor, proj: str, rank: int, world: int) -> torch.Tensor:
@@ -120,19 +195,40 @@ def rank_cut(w: torch.Tensor, proj: str, rank: int, world: int) -> torch.Tensor:
     return w[:, rank * n : (rank + 1) * n].contiguous()
 
 
-def expert_fn(cl: ColdLayer, rank: int, world: int):
-    """fp32 partial down output of an expert, same operations as the runtime."""
+def expert_weights_fn(ex: ColdExpert, rank: int, world: int):
+    """fp32 partial down output of one cold expert, same operations as the runtime."""
+    cut = {
+        p: (
+            rank_cut(ex.base[p], p, rank, world),
+            [(s.inverse_scale, rank_cut(s.weight, p, rank, world)) for s in ex.stages[p]],
+        )
+        for p in PROJS
+    }
 
-    def proj32(e: int, p: str, x: torch.Tensor) -> torch.Tensor:
-        y = x.float() @ rank_cut(cl.base[(e, p)], p, rank, world).float()
-        for _label, inv, w in cl.stages[(e, p)]:
-            y = y + inv * (x.float() @ rank_cut(w, p, rank, world).float())
+    def proj32(p: str, x: torch.Tensor) -> torch.Tensor:
+        w0, terms = cut[p]
+        y = x.float() @ w0.float()
+        for inv, w in terms:
+            y = y + inv * (x.float() @ w.float())
         return y
 
-    def fn(e: int, x16: torch.Tensor) -> torch.Tensor:
-        g = proj32(e, "gate_proj", x16).half()
-        u = proj32(e, "up_proj", x16).half()
+    def fn(x16: torch.Tensor) -> torch.Tensor:
+        g = proj32("gate_proj", x16).half()
+        u = proj32("up_proj", x16).half()
         a = (F.silu(g.float()) * u.float()).half()
-        return proj32(e, "down_proj", a)
+        return proj32("down_proj", a)
+
+    return fn
+
+
+def expert_fn(cl: ColdLayer, rank: int, world: int):
+    """fp32 partial down output of an expert of a whole cold layer (tests, small tools)."""
+
+    def fn(e: int, x16: torch.Tensor) -> torch.Tensor:
+        ex = ColdExpert(e)
+        for p in PROJS:
+            ex.base[p] = cl.base[(e, p)]
+            ex.stages[p] = [ColdStage(lab, inv, 0, w) for lab, inv, w in cl.stages[(e, p)]]
+        return expert_weights_fn(ex, rank, world)(x16)
 
     return fn

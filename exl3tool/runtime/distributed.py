@@ -142,6 +142,20 @@ def _worker(
         dist.destroy_process_group()
 
 
+def worker_died(rank: int, exit_code: int | None, signal_name: str | None) -> Exl3ToolError:
+    """VS002: one finding for a rank that ended without a result (the others were stopped)."""
+    from exl3tool.rules import verify as vs_rules
+    from exl3tool.runtime.budget import ResourceRefused
+
+    how = f"was killed by {signal_name}" if signal_name else f"exited with status {exit_code}"
+    oom = " (SIGKILL: often the OOM killer)" if signal_name == "SIGKILL" else ""
+    return ResourceRefused(
+        vs_rules.VS_WORKER.code,
+        f"rank {rank} {how}{oom}; the other ranks were stopped and temporary files removed; "
+        f"{vs_rules.VS_WORKER.hint}",
+    )
+
+
 @dataclass
 class RankFailure:
     """What a spawned rank raised."""
@@ -160,12 +174,15 @@ def launch_local(fn: Callable[[Comm, Any], Any], arg: Any, world: int, device: s
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="exl3tool-tp-") as tmp:
-        mp.spawn(
-            _worker,
-            args=(world, free_port(), device, fn, arg, tmp),
-            nprocs=world,
-            join=True,
-        )
+        try:
+            mp.spawn(
+                _worker,
+                args=(world, free_port(), device, fn, arg, tmp),
+                nprocs=world,
+                join=True,
+            )
+        except mp.ProcessExitedException as exc:  # killed (OOM killer, a signal) or exited
+            raise worker_died(exc.error_index, exc.exit_code, exc.signal_name) from None
         results = []
         for r in range(world):
             with open(Path(tmp) / f"rank{r}.pkl", "rb") as fh:

@@ -15,6 +15,7 @@ midway through that step (after its first layer), so a rollback has partial work
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import shutil
 import tempfile
@@ -133,7 +134,16 @@ class SwapEngine:
         with self._timed("stage"):
             return self._stage(adapter)
 
-    def _stage(self, adapter: Path) -> Staged:
+    def stage_once(self, adapter: Path) -> Staged:
+        """Stage `adapter` for reuse: every layer's tables, whichever layers this engine holds.
+
+        verify-swap stages each adapter once per rank and hands the result to `load_staged` for
+        every layer and drill; the private copy lives until `drop_staged`."""
+        self.events.append("stage")
+        with self._timed("stage"):
+            return self._stage(adapter, every_layer=True)
+
+    def _stage(self, adapter: Path, every_layer: bool = False) -> Staged:
         from exl3tool.formats.cartridge import load_cartridge
         from exl3tool.formats.cartridge_tables import materialize_tables
         from exl3tool.rules.registry import Findings
@@ -160,7 +170,7 @@ class SwapEngine:
                 world_size=self.comm.world_size,
                 num_experts=self.base.num_experts,
             )
-            layers = tuple(sorted(L for L in tables if L in self.base.layers))
+            layers = tuple(sorted(L for L in tables if every_layer or L in self.base.layers))
             if not layers:
                 raise ValueError("the adapter does not select any layer of this runtime")
             info = AdapterInfo(
@@ -180,8 +190,25 @@ class SwapEngine:
         if not self.comm.all_true(error is None):
             shutil.rmtree(tmp, ignore_errors=True)
             raise StagingFailed("stage", error or "staging failed on another rank")
-        self.staged = staged
+        if not every_layer:
+            self.staged = staged
+        assert staged is not None
         return staged
+
+    def load_staged(self, staged: Staged) -> AdapterInfo:
+        """The load transaction from an adapter `stage_once` already verified (no copy).
+
+        Only the layers this engine holds are prepared; an adapter that selects none of them
+        loads as "nothing active" (its other layers live in other engines). The private copy is
+        kept for the next load."""
+        layers = tuple(L for L in staged.info.layers if L in self.base.layers)
+        info = dataclasses.replace(staged.info, layers=layers)
+        self.staged = Staged(info, staged.private_dir, staged.cartridge, staged.tables)
+        return self._transaction(keep=True)
+
+    @staticmethod
+    def drop_staged(staged: Staged) -> None:
+        shutil.rmtree(staged.private_dir, ignore_errors=True)
 
     def pause(self) -> None:
         self.events.append("pause")
@@ -262,6 +289,10 @@ class SwapEngine:
     def load(self, adapter: Path) -> AdapterInfo:
         """The whole load transaction; a swap when an adapter is already active."""
         self.stage(adapter)  # StagingFailed: no pause, no resume
+        return self._transaction(keep=False)
+
+    def _transaction(self, keep: bool) -> AdapterInfo:
+        """pause → prepare → activate → resume on what is staged; rollback on any failure."""
         self.pause()
         try:
             error: str | None = None
@@ -276,7 +307,10 @@ class SwapEngine:
                 self.restore_base()
                 raise RolledBack("load", error or "another rank failed")
         finally:
-            self.discard()
+            if keep:  # a reusable staging (load_staged): forget it, keep its files
+                self.staged = None
+            else:
+                self.discard()
             self.resume()
         assert self.adapter is not None
         return self.adapter

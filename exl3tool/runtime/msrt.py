@@ -28,6 +28,8 @@ class StageTerm:
     label: str
     inverse_scale: torch.Tensor  # fp32 []
     linear: Exl3Linear
+    k: int = 0  # the stage's bits per weight from the table (`bits[s]`)
+    tensor: str = ""  # the pointer-table name the trellis was read from
 
 
 def project32(base: Exl3Linear, terms: list[StageTerm], x16: torch.Tensor) -> torch.Tensor:
@@ -99,7 +101,11 @@ def build_layer(
                     continue
                 trellis = read_stage(proj, names[s][e])
                 lin = Exl3Linear.decode(trellis, suh, svh, device)
-                terms.append(StageTerm(s, label, scale.clone().to(device), lin))
+                terms.append(
+                    StageTerm(
+                        s, label, scale.clone().to(device), lin, int(tables.bits[s]), names[s][e]
+                    )
+                )
             if terms:
                 rt.terms[(e, proj)] = terms
     return rt

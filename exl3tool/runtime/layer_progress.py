@@ -1,0 +1,57 @@
+"""Progress of verify-swap over layers and phases (rank 0 only).
+
+On a terminal: one bar over layers × phases (`io.progress`). Otherwise (CI logs): one line per
+layer on stderr with its time, so a long run shows it is alive and how fast it goes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import ExitStack
+from types import TracebackType
+
+from exl3tool.io import progress as io_progress
+
+
+class LayerProgress:
+    def __init__(self, layers: int, phases: tuple[str, ...], *, enabled: bool) -> None:
+        self.layers, self.phases, self.enabled = layers, phases, enabled
+        self.bar: io_progress.Progress = io_progress.NO_PROGRESS
+        self.tty = enabled and io_progress.enabled()
+        self._stack = ExitStack()
+        self._done = 0
+        self._in_layer = 0
+        self._t0 = time.perf_counter()
+
+    def __enter__(self) -> LayerProgress:
+        if self.tty:
+            self.bar = self._stack.enter_context(
+                io_progress.progress_bar(
+                    self.layers * len(self.phases), "verify-swap", unit="layer phases"
+                )
+            )
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stack.close()
+
+    def phase(self, layer: int, name: str) -> None:
+        """Layer `layer` enters phase `name` (advances the bar past the previous phase)."""
+        if self._in_layer:
+            self.bar.advance(1)
+        self._in_layer += 1
+
+    def layer_done(self, layer: int, seconds: float) -> None:
+        self.bar.advance(max(0, len(self.phases) - self._in_layer + 1))
+        self._in_layer = 0
+        self._done += 1
+        if self.enabled and not self.tty:
+            total = time.perf_counter() - self._t0
+            sys.stderr.write(
+                f"verify-swap: layer {layer} done ({self._done}/{self.layers}) in "
+                f"{seconds:.2f} s, {total:.1f} s so far\n"
+            )
+            sys.stderr.flush()
