@@ -19,7 +19,6 @@ from exl3tool.checks.routers import router_problem
 from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef, load_checkpoint
 from exl3tool.formats.names import PROJECTIONS
-from exl3tool.formats.tail import config_tail
 from exl3tool.io.views import TensorReader
 from exl3tool.rules.errors import InputError
 from exl3tool.rules.registry import Findings
@@ -87,8 +86,7 @@ class BaseModel:
 
     @property
     def root_sha256(self) -> str | None:
-        tail = config_tail(self.config)
-        return tail.compatibility_sha256 if tail is not None else None
+        return (self.config.get("hybrid_tr3_tail") or {}).get("compatibility_sha256")
 
     def rotations(self, layer: int) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
         return {key: (b.suh, b.svh) for key, b in self.linears[layer].items()}
@@ -122,16 +120,16 @@ def router_weight(
 def base_geometry(cfg: dict[str, Any], path: Path) -> tuple[int, int, int, int, int, list[int]]:
     """(hidden, intermediate, experts, top-k, K, MoE layers) of an exl3-msrt-base/1 config."""
     hidden, inter, experts = spec.base_sizes(cfg)
-    tail = config_tail(cfg)
-    if None in (hidden, inter, experts) or tail is None:
+    tail = cfg.get("hybrid_tr3_tail")
+    if None in (hidden, inter, experts) or not isinstance(tail, dict):
         raise InputError(f"{path}: config.json lacks the MSRT base sizes or hybrid_tr3_tail (§5)")
     topk = cfg.get("num_experts_per_tok")
     topk = topk if type(topk) is int and topk > 0 else 8
-    if tail.coverage is None:
+    k = tail.get("bits")
+    layers = tail.get("moe_layer_coverage")
+    if not isinstance(layers, list) or not all(type(x) is int for x in layers):
         raise InputError(f"{path}: hybrid_tr3_tail.moe_layer_coverage is not a list of layers")
-    if tail.k is None:
-        raise InputError(f"{path}: hybrid_tr3_tail.bits {tail.bits!r} is not a whole K (§5)")
-    return hidden, inter, experts, min(topk, experts), tail.k, sorted(tail.coverage)
+    return hidden, inter, experts, min(topk, experts), int(k), sorted(layers)
 
 
 def load_base(
