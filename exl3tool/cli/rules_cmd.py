@@ -7,44 +7,24 @@ from typing import Annotated
 
 import typer
 
-from exl3tool.cli.common import check_format, handle_errors
-from exl3tool.rules.registry import all_rules
+from exl3tool.cli.common import TextJsonOpt, handle_errors
 
 
 @handle_errors
 def rules(
-    fmt: Annotated[str, typer.Option("--format", "-f", help="text or json")] = "text",
+    fmt: TextJsonOpt = "text",
     family: Annotated[
-        str | None, typer.Option(help="Only codes starting with this prefix.")
+        str | None,
+        typer.Option(help="Only this family (R7, CA ...) or code prefix; unknown: exit 2."),
     ] = None,
 ) -> None:
     """List every validation rule: code, severity, title, why and fix hint."""
-    check_format(fmt, ("text", "json"))
-    items = [r for r in all_rules() if not family or r.code.startswith(family.upper())]
-    if fmt == "json":
-        typer.echo(
-            json.dumps(
-                [
-                    {
-                        "code": r.code,
-                        "name": r.name,
-                        "severity": r.severity.value,
-                        "title": r.title,
-                        "why": r.why,
-                        "hint": r.hint,
-                    }
-                    for r in items
-                ],
-                indent=2,
-            )
-        )
-        return
-    from rich.console import Console
-    from rich.table import Table
+    from exl3tool.actions import rules as action
 
-    table = Table(title=f"{len(items)} rules")
-    for col in ("code", "severity", "title", "fix"):
-        table.add_column(col)
-    for r in items:
-        table.add_row(r.code, r.severity.value, r.title, r.hint)
-    Console().print(table)
+    items = action.run(action.Options(family))
+    if fmt == "json":
+        typer.echo(json.dumps(action.to_json(items), indent=2))
+        return
+    from exl3tool.report.rules import print_rules
+
+    print_rules(items)
