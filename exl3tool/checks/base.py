@@ -16,6 +16,8 @@ from exl3tool.checks.base_tensors import check_tensors
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.formats.tail import POINTER as _PTR
+from exl3tool.formats.tail import config_tail
 from exl3tool.io import schemas
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.rules import base as mb
@@ -23,19 +25,10 @@ from exl3tool.rules.registry import Findings
 
 KIND = "msrt-base"
 SCHEMA_FILE = "exl3-msrt-base-1.schema.json"
-_PTR = "/hybrid_tr3_tail"
 
 
 def _validator() -> Any:
     return schemas.validator(SCHEMA_FILE)
-
-
-def base_k(tail: Any) -> int | None:
-    """The profile's `bits` as an int K (a float from the producer, an int in tests)."""
-    bits = tail.get("bits") if isinstance(tail, dict) else None
-    if isinstance(bits, bool) or not isinstance(bits, int | float) or bits != int(bits):
-        return None
-    return int(bits)
 
 
 def _schema(tail: dict[str, Any], findings: Findings) -> None:
@@ -108,8 +101,8 @@ def _tier(ckpt: Checkpoint, k: int | None, findings: Findings) -> None:
 
 def check_base(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> str:
     """Every offline rule of an `exl3-msrt-base/1` base; returns the kind ("msrt-base")."""
-    tail = (ckpt.config or {}).get("hybrid_tr3_tail")
-    if not isinstance(tail, dict):
+    tail = config_tail(ckpt.config)
+    if tail is None:
         findings.add(
             mb.MB_FIELDS,
             "config.json has no hybrid_tr3_tail profile",
@@ -117,10 +110,10 @@ def check_base(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -
             pointer=_PTR,
         )
         return KIND
-    _schema(tail, findings)
-    k = base_k(tail)
-    check_tensors(ckpt, tail, k, findings)
-    check_identity(ckpt, tail, k, findings, options)
+    _schema(tail.raw, findings)
+    k = tail.k
+    check_tensors(ckpt, tail.raw, k, findings)
+    check_identity(ckpt, tail.raw, k, findings, options)
     _quant(ckpt, k, findings)
     _tier(ckpt, k, findings)
     check_manifest(ckpt, findings, options)

@@ -58,25 +58,23 @@ def load_base_info(
     Problems with the base (not an exl3-msrt-base/1, identity not self-consistent or not matching
     its bytes) are CA070 findings: the runtime refuses a base without a verified identity.
     """
-    from exl3tool.checks.base import base_k
     from exl3tool.formats.checkpoint import load_checkpoint
+    from exl3tool.formats.tail import config_tail
     from exl3tool.identity.compat import cached_compat_identity, compat_identity, root_digest
 
     base = Path(base)
     local = Findings()
     ckpt = load_checkpoint(base, local)
-    tail = (ckpt.config or {}).get("hybrid_tr3_tail")
-    if not isinstance(tail, dict) or tail.get("runtime_profile") != spec.BASE_PROFILE:
+    tail = config_tail(ckpt.config)
+    if tail is None or not tail.is_msrt_base:
         findings.add(
             ca.CA_BASE_KIND,
             f"{base}: Model is not compatible with EXL3 cartridges (no exl3-msrt-base/1 profile)",
         )
         return None
-    k = base_k(tail)
-    by_layer = tail.get("compatibility_by_layer")
-    root = tail.get("compatibility_sha256")
-    by_layer = dict(by_layer) if isinstance(by_layer, dict) else {}
-    if k is None or not isinstance(root, str) or root_digest(k, by_layer) != root:
+    k, root = tail.k, tail.compatibility_sha256
+    by_layer = dict(tail.compatibility_by_layer or {})
+    if k is None or root is None or root_digest(k, by_layer) != root:
         findings.add(
             ca.CA_BASE_KIND,
             f"{base}: the base's compatibility_sha256 does not match its compatibility_by_layer",

@@ -13,6 +13,7 @@ from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.detect import Kind
 from exl3tool.formats.names import parse_expert
+from exl3tool.formats.tail import config_tail
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules import exl3 as ex
@@ -35,8 +36,8 @@ TAIL_FORMAT = "exl3-trellis"
 
 def rank_sliced_tail(config: Any) -> dict[str, Any] | None:
     """The `hybrid_tr3_tail` the runtime takes the rank-sliced path for, if any."""
-    tail = config.get("hybrid_tr3_tail") if isinstance(config, dict) else None
-    return tail if isinstance(tail, dict) and tail.get("format") == TAIL_FORMAT else None
+    tail = config_tail(config)
+    return dict(tail.raw) if tail is not None and tail.is_rank_sliced_format else None
 
 
 def storage_map(ckpt: Checkpoint) -> Any:

@@ -8,8 +8,6 @@ Digests are recomputed only under `--hash`.
 
 from __future__ import annotations
 
-from typing import Any
-
 from exl3tool.checks.digests import Digests
 from exl3tool.checks.exl3_linear import check_linears, flush_payload_checks
 from exl3tool.checks.options import ValidateOptions
@@ -22,13 +20,13 @@ from exl3tool.checks.rank_sliced import (
     TailContext,
     check_tail,
     report_missing_expert_count,
-    tail_layers,
 )
 from exl3tool.checks.routers import check_routers
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import expert_count, expert_table
 from exl3tool.formats.r7 import Block, R7Payload
+from exl3tool.formats.tail import POINTER, Tail, parse_tail, raw_tail
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import r7 as r7
 from exl3tool.rules.registry import Findings
@@ -78,7 +76,8 @@ def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> 
     n_exp = count[1] if count is not None else None
     hidden, inter = _sizes(config, findings)
     table = expert_table(ckpt.tensors)
-    tail = config.get("hybrid_tr3_tail")
+    raw = raw_tail(config)
+    tail = parse_tail(raw)
     if block is not None:
         _check_model_range(config, block, findings)
     finite = FiniteCheck()
@@ -89,15 +88,14 @@ def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> 
         if block is not None and n_exp is not None:
             ctx = ExpertsContext(table, block, n_exp, hidden, inter, ckpt.shards, scan)
             payload = check_experts(ctx)
-            check_out_of_range(table, block, n_exp, tail_layers(tail), findings)
+            check_out_of_range(table, block, n_exp, tail.moe_layers if tail else None, findings)
             if isinstance(qc["r7_routed_experts"], dict):
                 check_layer_manifests(ckpt, block, qc, payload, findings, digests=digests)
-        if tail is not None:
-            _check_tail_role(tail, block, findings)
-            tail_ctx = TailContext(
-                "config.json", "/hybrid_tr3_tail", hidden, inter, n_exp, options.tp
-            )
-            check_tail(ckpt, tail, table, tail_ctx, scan)
+        if raw is not None:
+            if tail is not None:
+                _check_tail_role(tail, block, findings)
+            tail_ctx = TailContext("config.json", POINTER, hidden, inter, n_exp, options.tp)
+            check_tail(ckpt, raw, table, tail_ctx, scan)
         if block is not None:
             check_routers(ckpt, block.layers, n_exp, hidden, r7.R7_ROUTER, findings)
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
@@ -128,10 +126,8 @@ def _check_tp_align(inter: int | None, tp: int | None, findings: Findings) -> No
         )
 
 
-def _check_tail_role(tail: Any, block: Block | None, findings: Findings) -> None:
+def _check_tail_role(tail: Tail, block: Block | None, findings: Findings) -> None:
     """§6: the legacy tail survives only for the carried MTP layer."""
-    if not isinstance(tail, dict):
-        return
     role = tail.get("r7_compat_role")
     if role != "carried_mtp78_only":
         findings.add(
@@ -140,7 +136,7 @@ def _check_tail_role(tail: Any, block: Block | None, findings: Findings) -> None
             file="config.json",
             pointer="/hybrid_tr3_tail/r7_compat_role",
         )
-    rng = tail_layers(tail)
+    rng = tail.moe_layers
     if rng is not None and block is not None and rng[0] <= block.last and block.first <= rng[1]:
         findings.add(
             r7.R7_TAIL_ROLE,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from exl3tool.checks.budget import check_declared
 from exl3tool.checks.exl3_linear import (
     check_linears,
     check_marker,
@@ -20,6 +21,7 @@ from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import ExpertTable, expert_count, expert_table
 from exl3tool.formats.names import PROJECTIONS
+from exl3tool.formats.tail import POINTER, Tail, parse_tail, raw_tail
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import r7 as r7
 from exl3tool.rules.registry import Findings
@@ -71,29 +73,19 @@ def report_missing_expert_count(findings: Findings) -> None:
     )
 
 
-def _range(v: Any) -> tuple[int, int] | None:
-    ok = isinstance(v, list) and len(v) == 2 and all(is_json_int(x) and x >= 0 for x in v)
-    return (v[0], v[1]) if ok and v[1] >= v[0] else None
-
-
-def tail_layers(tail: Any) -> tuple[int, int] | None:
-    return _range(tail.get("moe_layers")) if isinstance(tail, dict) else None
-
-
 def check_tail(
-    ckpt: Checkpoint, tail: Any, table: ExpertTable, ctx: TailContext, scan: Scan
+    ckpt: Checkpoint, raw: Any, table: ExpertTable, ctx: TailContext, scan: Scan
 ) -> None:
     """The tail's fields (§7.1) and every rank slice of every expert in its layer range."""
     findings = scan.findings
-    if not isinstance(tail, dict):
+    tail = parse_tail(raw)
+    if tail is None:
         findings.add(
             r7.RS_FIELD, "hybrid_tr3_tail must be an object", file=ctx.file, pointer=ctx.base
         )
         return
     layers, epl, tp, rotation = _tail_fields(tail, ctx, findings)
-    bits = tail.get("bits")
-    mixed = bits == "mixed"
-    k_allowed, tier = _mixed_bits(ckpt, tail, mixed, ctx, findings)
+    k_allowed, tier = _mixed_bits(ckpt, tail, tail.mixed, ctx, findings)
     inter, hidden = ctx.inter, ctx.hidden
     if tp is not None and inter is not None and (inter % tp or (inter // tp) % 128):
         findings.add(
@@ -105,11 +97,8 @@ def check_tail(
         return
     if layers is None or tp is None or epl is None or hidden is None or inter is None:
         return
-    uniform_k = (
-        int(bits) if not mixed and type(bits) in (int, float) and bits == int(bits) else None
-    )
     spec = SliceSpec(
-        layers, epl, tp, hidden, inter, uniform_k, k_allowed, tier, rotation == "shared_h_v1"
+        layers, epl, tp, hidden, inter, tail.k, k_allowed, tier, rotation == "shared_h_v1"
     )
     _check_slices(table, spec, ctx, scan)
     for (layer, _e, _p, rank), parts in table.ranked.items():
@@ -121,7 +110,7 @@ def check_tail(
 
 
 def _tail_fields(
-    tail: dict, ctx: TailContext, findings: Findings
+    tail: Tail, ctx: TailContext, findings: Findings
 ) -> tuple[tuple[int, int] | None, int | None, int | None, Any]:
     """RS fields of the tail; (layers, experts_per_layer, tp, rotation), None where unusable."""
 
@@ -135,27 +124,28 @@ def _tail_fields(
         field_problem("bits", f"bits {bits!r}: a number or 'mixed'")
     if tail.get("codebook") != "mcg":
         field_problem("codebook", f"codebook {tail.get('codebook')!r}, expected 'mcg'")
-    epl = tail.get("experts_per_layer")
-    if not is_json_int(epl) or epl <= 0:
-        field_problem("experts_per_layer", f"experts_per_layer {epl!r}: a positive JSON integer")
-        epl = None
+    epl = tail.experts_per_layer
+    if epl is None:
+        field_problem(
+            "experts_per_layer",
+            f"experts_per_layer {tail.get('experts_per_layer')!r}: a positive JSON integer",
+        )
     elif ctx.n_experts is not None and epl != ctx.n_experts:
         field_problem(
             "experts_per_layer",
             f"experts_per_layer {epl}, the model has {ctx.n_experts} routed experts",
             r7.RS_EXPERTS,
         )
-    layers = tail_layers(tail)
+    layers = tail.moe_layers
     if layers is None:
         field_problem(
             "moe_layers", f"moe_layers {tail.get('moe_layers')!r}: [first, last] JSON ints"
         )
     if tail.get("tensor_schema") != TENSOR_SCHEMA:
         field_problem("tensor_schema", f"tensor_schema {tail.get('tensor_schema')!r}", r7.RS_SCHEMA)
-    tp = tail.get("tp")
-    if not is_json_int(tp) or tp < 1:
-        field_problem("tp", f"tp {tp!r}: a positive JSON integer")
-        tp = None
+    tp = tail.tp
+    if tp is None:
+        field_problem("tp", f"tp {tail.get('tp')!r}: a positive JSON integer")
     elif ctx.runtime_tp is not None and tp != ctx.runtime_tp:
         field_problem("tp", f"checkpoint tp {tp}, runtime --tp {ctx.runtime_tp}", r7.RS_TP)
     rotation = tail.get("rotation_layout", "per_expert_v1")
@@ -171,7 +161,7 @@ def _tail_fields(
 
 
 def _mixed_bits(
-    ckpt: Checkpoint, tail: dict, mixed: bool, ctx: TailContext, findings: Findings
+    ckpt: Checkpoint, tail: Tail, mixed: bool, ctx: TailContext, findings: Findings
 ) -> tuple[set[int] | None, dict[str, Any] | None]:
     """k_values and tier_bitmap.json for `bits: "mixed"` (RS011)."""
     if not mixed:
@@ -211,6 +201,12 @@ def _tier_k(tier: dict[str, Any] | None, layer: int, expert: int) -> int | None:
 
 
 def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: Scan) -> None:
+    span = spec.layers[1] - spec.layers[0] + 1
+    declared = max(span, 0) * max(spec.n_experts, 0) * len(PROJECTIONS) * max(spec.tp, 0)
+    where = {"file": ctx.file, "pointer": pointer_join(ctx.base, "moe_layers")}
+    what = "moe_layers, experts and tp"
+    if not check_declared(declared, len(table.ranked), what, scan.findings, **where):
+        return
     for layer in range(spec.layers[0], spec.layers[1] + 1):
         missing: list[str] = []
         for e in range(spec.n_experts):
@@ -315,7 +311,7 @@ def check_rank_sliced(ckpt: Checkpoint, findings: Findings, options: ValidateOpt
     hidden, inter = config.get("hidden_size"), config.get("moe_intermediate_size")
     ctx = TailContext(
         "config.json",
-        "/hybrid_tr3_tail",
+        POINTER,
         hidden if is_json_int(hidden) else None,
         inter if is_json_int(inter) else None,
         count[1] if count else None,
@@ -325,7 +321,7 @@ def check_rank_sliced(ckpt: Checkpoint, findings: Findings, options: ValidateOpt
         report_missing_expert_count(findings)
     finite = FiniteCheck()
     with RandomAccessReader() as reader:
-        check_tail(ckpt, config.get("hybrid_tr3_tail"), table, ctx, Scan(findings, reader, finite))
+        check_tail(ckpt, raw_tail(config), table, ctx, Scan(findings, reader, finite))
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
         check_linears(group_linears(others), ckpt.tensors, findings, reader, finite)
         flush_payload_checks(reader, finite, findings)

@@ -6,6 +6,7 @@ import enum
 from pathlib import Path
 from typing import Any
 
+from exl3tool.formats.tail import config_tail
 from exl3tool.io.jsonfile import read_json
 from exl3tool.io.strict_json import loads
 from exl3tool.rules.registry import Findings
@@ -21,9 +22,6 @@ class Kind(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
-MSRT_BASE_PROFILE = "exl3-msrt-base/1"
-
-
 def _quiet_json(path: Path) -> Any:
     try:
         with open(path, "rb") as fh:
@@ -35,13 +33,13 @@ def _quiet_json(path: Path) -> Any:
 
 def kind_from_configs(config: Any, quant_config: Any) -> Kind:
     config = config if isinstance(config, dict) else {}
-    tail = config.get("hybrid_tr3_tail")
-    if isinstance(tail, dict) and tail.get("runtime_profile") == MSRT_BASE_PROFILE:
+    tail = config_tail(config)
+    if tail is not None and tail.is_msrt_base:
         return Kind.MSRT_BASE
     for q in (quant_config, config.get("quantization_config")):
         if isinstance(q, dict) and "r7_routed_experts" in q:
             return Kind.R7
-    if isinstance(tail, dict) and tail.get("format") == "exl3-trellis" and "tensor_schema" in tail:
+    if tail is not None and tail.is_rank_sliced_format and "tensor_schema" in tail.raw:
         return Kind.RANK_SLICED
     for q in (quant_config, config.get("quantization_config")):
         if isinstance(q, dict) and ("tensor_storage" in q or q.get("quant_method") == "exl3"):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from exl3tool.formats.exl3 import k_of_last_dim
+from exl3tool.formats.tail import config_tail
 from exl3tool.identity.compat import ROOT_SCHEMA, CompatIdentity
 from exl3tool.identity.engine import ALGORITHMS
 from exl3tool.identity.fast import OTHER, SCHEMA, Identity, parse_layers
@@ -143,11 +144,11 @@ def check(recorded: dict[str, Any], ident: Identity, findings: Findings, label: 
 
 def published_findings(config: Any, compat: CompatIdentity | None, findings: Findings) -> None:
     """ID012: an MSRT base's published §6 identity against the one its bytes give."""
-    tail = config.get("hybrid_tr3_tail") if isinstance(config, dict) else None
-    if not isinstance(tail, dict) or compat is None or compat.root is None:
+    tail = config_tail(config)
+    if tail is None or compat is None or compat.root is None:
         return
-    pub_layers = tail.get("compatibility_by_layer")
-    if isinstance(pub_layers, dict):
+    pub_layers = tail.compatibility_by_layer
+    if pub_layers is not None:
         for key in sorted(pub_layers.keys() | compat.layers.keys()):
             if pub_layers.get(key) != compat.layers.get(key):
                 findings.add(

@@ -20,6 +20,7 @@ from typing import Any
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.exl3 import MCG_MARKER, k_of_last_dim
 from exl3tool.formats.names import PROJECTIONS, parse_expert
+from exl3tool.formats.tail import config_tail
 from exl3tool.io.strict_json import canonical_json
 
 LAYER_SCHEMA = "fq-msrt-base-layer-compatibility/1"
@@ -218,8 +219,8 @@ _MCG_SHA = hashlib.sha256(MCG_BYTES).hexdigest()
 
 def stray_ranks(ckpt: Checkpoint) -> list[str]:
     """Expert tensors of an MSRT base stored under a rank other than 0 (MB005)."""
-    tail = (ckpt.config or {}).get("hybrid_tr3_tail")
-    if not isinstance(tail, dict) or tail.get("runtime_profile") != "exl3-msrt-base/1":
+    tail = config_tail(ckpt.config)
+    if tail is None or not tail.is_msrt_base:
         return []
     out = []
     for name in ckpt.tensors:

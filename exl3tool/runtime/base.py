@@ -19,6 +19,7 @@ from exl3tool.checks.routers import router_problem
 from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef, load_checkpoint
 from exl3tool.formats.names import PROJECTIONS
+from exl3tool.formats.tail import config_tail
 from exl3tool.io.views import TensorReader
 from exl3tool.rules.errors import InputError
 from exl3tool.rules.registry import Findings
@@ -86,7 +87,8 @@ class BaseModel:
 
     @property
     def root_sha256(self) -> str | None:
-        return (self.config.get("hybrid_tr3_tail") or {}).get("compatibility_sha256")
+        tail = config_tail(self.config)
+        return tail.compatibility_sha256 if tail is not None else None
 
     def rotations(self, layer: int) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
         return {key: (b.suh, b.svh) for key, b in self.linears[layer].items()}
@@ -120,16 +122,16 @@ def router_weight(
 def base_geometry(cfg: dict[str, Any], path: Path) -> tuple[int, int, int, int, int, list[int]]:
     """(hidden, intermediate, experts, top-k, K, MoE layers) of an exl3-msrt-base/1 config."""
     hidden, inter, experts = spec.base_sizes(cfg)
-    tail = cfg.get("hybrid_tr3_tail")
-    if None in (hidden, inter, experts) or not isinstance(tail, dict):
+    tail = config_tail(cfg)
+    if None in (hidden, inter, experts) or tail is None:
         raise InputError(f"{path}: config.json lacks the MSRT base sizes or hybrid_tr3_tail (§5)")
     topk = cfg.get("num_experts_per_tok")
     topk = topk if type(topk) is int and topk > 0 else 8
-    k = tail.get("bits")
-    layers = tail.get("moe_layer_coverage")
-    if not isinstance(layers, list) or not all(type(x) is int for x in layers):
+    if tail.coverage is None:
         raise InputError(f"{path}: hybrid_tr3_tail.moe_layer_coverage is not a list of layers")
-    return hidden, inter, experts, min(topk, experts), int(k), sorted(layers)
+    if tail.k is None:
+        raise InputError(f"{path}: hybrid_tr3_tail.bits {tail.bits!r} is not a whole K (§5)")
+    return hidden, inter, experts, min(topk, experts), tail.k, sorted(tail.coverage)
 
 
 def load_base(

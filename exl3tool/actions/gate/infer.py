@@ -14,6 +14,7 @@ from typing import Any
 
 from exl3tool.actions.gate.config import ArtifactSpec, GateConfig
 from exl3tool.formats.detect import Kind, detect
+from exl3tool.formats.tail import config_tail
 from exl3tool.io.hf_cache import parse_hf_id
 from exl3tool.io.jsonfile import read_json
 from exl3tool.rules.registry import Findings
@@ -36,10 +37,8 @@ def sliced_tp(path: Path, kind: str) -> int | None:
     """The TP size an artifact was sliced for, when its own metadata says (None otherwise)."""
     root = artifact_dir(path)
     if kind == Kind.RANK_SLICED.value:
-        config = _json(root / "config.json")
-        tail = config.get("hybrid_tr3_tail") if isinstance(config, dict) else None
-        tp = tail.get("tp") if isinstance(tail, dict) else None  # r7-checkpoint-format.md §7.1
-        return tp if type(tp) is int and tp >= 1 else None
+        tail = config_tail(_json(root / "config.json"))
+        return tail.tp if tail is not None else None  # r7-checkpoint-format.md §7.1
     if kind == Kind.CARTRIDGE.value:
         manifest = _json(root / "adapter_config.json")
         tpc = manifest.get("tensor_parallel") if isinstance(manifest, dict) else None

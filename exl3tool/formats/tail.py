@@ -1,0 +1,110 @@
+"""`config.json` → `hybrid_tr3_tail`, read once.
+
+One block, three profiles: the legacy rank-sliced tail (r7-checkpoint-format.md §7.1), the MTP
+layer an R7 checkpoint carries under it (§6), and the closed `exl3-msrt-base/1` profile of a
+cartridge-capable base (msrt-cartridge-format.md §5). The model keeps the block as written
+(`raw`, for the checks' messages) and the fields the code branches on, typed; a field of the
+wrong type reads as None. Models know no rules: the checks report what is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exl3tool.formats.msrt_spec import BASE_PROFILE as MSRT_BASE_PROFILE  # msrt §5
+from exl3tool.io.strict_json import is_json_int
+
+KEY = "hybrid_tr3_tail"
+POINTER = "/hybrid_tr3_tail"
+RANK_SLICED_FORMAT = "exl3-trellis"  # r7 §7.1 `format`
+
+
+def layer_range(value: Any) -> tuple[int, int] | None:
+    """`[first, last]`: two non-negative JSON integers with last >= first, else None."""
+    ok = (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(is_json_int(x) and x >= 0 for x in value)
+    )
+    return (value[0], value[1]) if ok and value[1] >= value[0] else None
+
+
+def whole_k(bits: Any) -> int | None:
+    """`bits` as a whole K (a float from the producer, an int in tests), else None."""
+    if isinstance(bits, bool) or not isinstance(bits, int | float):
+        return None
+    if isinstance(bits, float) and (not math.isfinite(bits) or bits != int(bits)):
+        return None
+    return int(bits)
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if is_json_int(value) and value > 0 else None
+
+
+@dataclass(frozen=True)
+class Tail:
+    """A `hybrid_tr3_tail` object and its typed fields."""
+
+    raw: Mapping[str, Any]
+    format: Any
+    runtime_profile: Any
+    bits: Any  # as written: a number, "mixed", or anything else
+    k: int | None  # `bits` as a whole K
+    moe_layers: tuple[int, int] | None
+    coverage: tuple[int, ...] | None  # `moe_layer_coverage` when a list of JSON integers
+    experts_per_layer: int | None  # a positive JSON integer
+    tp: int | None  # a positive JSON integer (rank-sliced)
+    compatibility_sha256: str | None
+    compatibility_by_layer: Mapping[str, Any] | None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+    @property
+    def is_msrt_base(self) -> bool:
+        return self.runtime_profile == MSRT_BASE_PROFILE
+
+    @property
+    def is_rank_sliced_format(self) -> bool:
+        """The runtime takes the rank-sliced path for this tail (`format` exl3-trellis)."""
+        return self.format == RANK_SLICED_FORMAT
+
+    @property
+    def mixed(self) -> bool:
+        return self.bits == "mixed"
+
+
+def parse_tail(value: Any) -> Tail | None:
+    """The model of a `hybrid_tr3_tail` value; None when it is not a JSON object."""
+    if not isinstance(value, dict):
+        return None
+    cov = value.get("moe_layer_coverage")
+    root = value.get("compatibility_sha256")
+    by_layer = value.get("compatibility_by_layer")
+    return Tail(
+        raw=value,
+        format=value.get("format"),
+        runtime_profile=value.get("runtime_profile"),
+        bits=value.get("bits"),
+        k=whole_k(value.get("bits")),
+        moe_layers=layer_range(value.get("moe_layers")),
+        coverage=tuple(cov) if isinstance(cov, list) and all(map(is_json_int, cov)) else None,
+        experts_per_layer=_positive_int(value.get("experts_per_layer")),
+        tp=_positive_int(value.get("tp")),
+        compatibility_sha256=root if isinstance(root, str) else None,
+        compatibility_by_layer=by_layer if isinstance(by_layer, dict) else None,
+    )
+
+
+def raw_tail(config: Any) -> Any:
+    """The `hybrid_tr3_tail` value of a config.json as written (None when absent)."""
+    return config.get(KEY) if isinstance(config, dict) else None
+
+
+def config_tail(config: Any) -> Tail | None:
+    """The tail of a config.json; None when absent or not an object."""
+    return parse_tail(raw_tail(config))
