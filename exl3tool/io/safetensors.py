@@ -6,6 +6,7 @@ finding; entries that are themselves valid are still returned so later checks ca
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -13,6 +14,7 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from exl3tool.io.dtypes import BITS
 from exl3tool.io.strict_json import has_lone_surrogate, raw_decode, walk_issues
@@ -28,11 +30,13 @@ _JSON_WS = " \t\n\r"
 # The characters of _UNSAFE_NAME, for one scan over all names joined by "|" (the `..` segment
 # rule is covered by `".." in joined`, which may only send a safe name to the full checks).
 _UNSAFE_CHAR = re.compile(r"[\x00-\x1f\x7f\\/\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_ABSENT: dict[str, str] = {}  # no __metadata__ key (None: the key holds JSON null)
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """One header entry; offsets are relative to the data section."""
+class TensorInfo(NamedTuple):
+    """One header entry; offsets are relative to the data section (a tuple: a header may hold
+    10^6 of them)."""
 
     name: str
     dtype: str
@@ -143,6 +147,10 @@ def _parse_header(raw: bytes, out: SafetensorsFile, findings: Findings) -> bool:
     except UnicodeDecodeError as exc:
         findings.add(rules.ST_ENCODING, f"invalid UTF-8 at header byte {exc.start}", file=label)
         return False
+    fast = _fast_entries(text)
+    if fast is not None:  # the usual, valid header: nothing to report
+        out.tensors, out.metadata = fast
+        return True
     start = len(text) - len(text.lstrip(_JSON_WS))
     if start:
         findings.add(rules.ST_LEADING_WS, f"{start} whitespace bytes before '{{'", file=label)
@@ -172,12 +180,6 @@ def _parse_header(raw: bytes, out: SafetensorsFile, findings: Findings) -> bool:
             "rejects it)",
             file=label,
         )
-    fast = _fast_entries(header)
-    if fast is not None:  # the usual, valid header: one pass, nothing to report
-        meta = header.pop("__metadata__", None)
-        out.metadata = dict(meta) if meta is not None else None
-        out.tensors = fast
-        return True
     for issue in walk_issues(header):
         if issue.kind == "huge_int":
             continue  # shape/data_offsets checks report it under the right rule (ST011/ST012)
@@ -217,27 +219,45 @@ def _parse_header(raw: bytes, out: SafetensorsFile, findings: Findings) -> bool:
     return True
 
 
-def _fast_entries(header: dict) -> dict[str, TensorInfo] | None:
-    """Every entry of a header that the full checks would accept without a single finding, in
-    one pass; None as soon as anything is unusual (the caller then runs the full checks, which
-    report it). Headers of 100k tensors are parsed at start-up: this is that path."""
-    if getattr(header, "duplicates", True):
-        return None
-    if "__metadata__" in header:
-        meta = header["__metadata__"]  # null, a list, a number...: the full checks report it
-        if getattr(meta, "duplicates", True) or not all(type(v) is str for v in meta.values()):
+def _fast_entries(text: str) -> tuple[dict[str, TensorInfo], dict[str, str] | None] | None:
+    """(tensors, metadata) of a header that the full checks would accept without a single
+    finding, from the C parser alone; None as soon as anything is unusual (the caller then runs
+    the full checks, which report it). Headers of 10^6 tensors are parsed at start-up: this is
+    that path.
+
+    The plain parser keeps the last of duplicate keys and accepts NaN, so it is trusted only
+    when re-encoding its result gives back the exact header text (padding spaces aside): the
+    compact form every safetensors writer emits, which cannot hold a duplicate key, a
+    non-finite number or leading whitespace.
+    """
+    body = text.rstrip(" ")
+    if _SURROGATE_ESCAPE.search(body):
+        return None  # lone surrogates survive an ASCII round trip: the full checks decide
+    try:
+        header = json.loads(body)
+        if type(header) is not dict:
             return None
-    names = [n for n in header if n != "__metadata__"]
-    joined = "|".join(names)
-    if not names or ".." in joined or _UNSAFE_CHAR.search(joined):
+        again = json.dumps(header, separators=(",", ":"), ensure_ascii=body.isascii(),
+                           allow_nan=False)  # fmt: skip
+    except (ValueError, RecursionError):
+        return None
+    if again != body:
+        return None
+    meta = header.pop("__metadata__", None) if "__metadata__" in header else _ABSENT
+    if meta is not _ABSENT and (
+        type(meta) is not dict or not all(type(v) is str for v in meta.values())
+    ):
+        return None
+    joined = "|".join(header)
+    if not header or ".." in joined or _UNSAFE_CHAR.search(joined):
         return None
     out: dict[str, TensorInfo] = {}
-    for name in names:
-        entry = header[name]
-        if getattr(entry, "duplicates", True) or len(entry) != 3:
+    bits_of = BITS.get
+    for name, entry in header.items():
+        if type(entry) is not dict or len(entry) != 3:
             return None
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        bits = BITS.get(dtype) if type(dtype) is str else None
+        bits = bits_of(dtype) if type(dtype) is str else None
         if bits is None or type(shape) is not list or type(offsets) is not list:
             return None
         for d in shape:
@@ -249,10 +269,10 @@ def _fast_entries(header: dict) -> dict[str, TensorInfo] | None:
         if type(begin) is not int or type(end) is not int or not 0 <= begin <= end <= MAX_INT48:
             return None
         n = math.prod(shape) * bits
-        if n % 8 or n // 8 != end - begin:
+        if n % 8 or n >> 3 != end - begin:
             return None
         out[name] = TensorInfo(name, dtype, tuple(shape), begin, end)
-    return out
+    return out, (None if meta is _ABSENT else meta)
 
 
 def _valid_int_list(v: object, n: int | None = None) -> bool:
