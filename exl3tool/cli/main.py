@@ -11,6 +11,7 @@ from exl3tool.cli import decode as decode_cmd
 from exl3tool.cli import diff as diff_cmd
 from exl3tool.cli import identity as identity_cmd
 from exl3tool.cli import inspect as inspect_cmd
+from exl3tool.cli import plan as plan_cmd
 from exl3tool.cli import rules_cmd
 from exl3tool.cli import slice as slice_cmd
 from exl3tool.cli import stage as stage_cmd
@@ -44,6 +45,7 @@ def _root(
 # In the order a publisher meets them.
 app.command("validate")(validate_cmd.validate)
 app.command("inspect")(inspect_cmd.inspect)
+app.command("plan")(plan_cmd.plan)
 app.command("identity")(identity_cmd.identity)
 app.command("diff")(diff_cmd.diff)
 app.command("stage-cartridge")(stage_cmd.stage_cartridge)

@@ -1,0 +1,452 @@
+"""`exl3tool plan`: the boot plan. Per TP rank, the weight bytes the serving runtime keeps
+resident, by class, and how it claims each module; from configs and headers only (no torch, no
+payload byte read).
+
+The claim logic follows the runtime (docs/runtime-conformance.md): `override_quantization_method`
+keeps the EXL3 config only for an exl3-trellis tail or the R7 block, unless another
+`--quantization` is forced (then every EXL3 module falls to the unquantized method, BF16);
+a MoE layer is claimed by the R7 range first, then the tail's range, then tensor_storage; a
+linear by tensor_storage. Sizes per rank: split tensors are divided by TP (rounded up), the
+replicated ones (rotation vectors on their hidden side, markers, 1-D tensors) counted whole.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
+from exl3tool.formats.detect import Kind, detect
+from exl3tool.formats.experts import expert_count
+from exl3tool.formats.names import R7_SHARED_RE, layer_of, parse_expert
+from exl3tool.rules import plan as pl
+from exl3tool.rules import r7 as r7_rules
+from exl3tool.rules.errors import InputError, UsageError
+from exl3tool.rules.registry import Findings
+
+# How the runtime claims a module (docs/runtime-conformance.md, "boot plan").
+TENSOR_STORAGE = "tensor_storage EXL3"
+R7_EXPERTS = "R7 routed experts"
+TAIL = "rank-sliced tail"
+UNQUANTIZED = "unquantized"
+FALLBACK = "unquantized fallback (BF16)"
+MOE_FALLBACK = "unquantized MoE fallback (BF16)"
+
+DENSE, TAIL_CLASS, PLAIN, BF16_DENSE, BF16_EXPERTS = (
+    "EXL3 dense",
+    "MTP/hybrid tail",
+    "unquantized",
+    "dense BF16 (fallback)",
+    "routed BF16 (fallback)",
+)
+TAIL_FORMAT = "exl3-trellis"
+_SHARED_H = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.shared_h\.\w+\.rank(\d+)\.\w+$")
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_IUNITS = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    path: str
+    tp: int
+    gpu_memory: int | None = None  # bytes per GPU
+    quantization: str | None = None  # what `--quantization` the runtime is started with
+
+
+@dataclass
+class Claim:
+    method: str
+    modules: set[str] = field(default_factory=set)
+    nbytes: int = 0  # over all ranks
+
+    def to_json(self) -> dict[str, Any]:
+        example = min(self.modules) if self.modules else None
+        return {"method": self.method, "modules": len(self.modules), "bytes": self.nbytes,
+                "example": example}  # fmt: skip
+
+
+@dataclass
+class BootPlan:
+    path: str
+    kind: str
+    tp: int
+    quantization: str | None
+    exl3_config: str  # "kept" or "discarded"
+    reason: str
+    gpu_memory: int | None
+    ranks: list[dict[str, int]]  # class -> bytes, per rank
+    claims: dict[str, Claim]
+    findings: Findings
+
+    def totals(self) -> list[int]:
+        return [sum(r.values()) for r in self.ranks]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "tp": self.tp,
+            "quantization": self.quantization,
+            "exl3_config": self.exl3_config,
+            "reason": self.reason,
+            "gpu_memory": self.gpu_memory,
+            "ranks": [
+                {"rank": i, "bytes": dict(sorted(r.items())), "total": sum(r.values())}
+                for i, r in enumerate(self.ranks)
+            ],
+            "claims": [c.to_json() for c in self.claims.values()],
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.findings.has_errors() else 0
+
+
+def parse_memory(text: str) -> int:
+    """`96GiB`, `80GB`, `96G`, `1.5TiB` or a byte count -> bytes (UsageError otherwise)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]i?)?[bB]?\s*", text or "")
+    if m is None:
+        raise UsageError(f"--gpu-memory {text!r}: a size such as 96GiB, 80GB or 1.5TiB")
+    unit = (m.group(2) or "").lower()
+    scale = _IUNITS.get(unit) or _UNITS[unit]
+    value = int(float(m.group(1)) * scale)
+    if value <= 0:
+        raise UsageError(f"--gpu-memory {text!r} must be positive")
+    return value
+
+
+def _range(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value):
+        return (value[0], value[1]) if 0 <= value[0] <= value[1] else None
+    return None
+
+
+@dataclass
+class _Context:
+    """What the runtime decided from the configs before any weight is allocated."""
+
+    kind: Kind
+    tp: int
+    kept: bool
+    reason: str
+    r7_range: tuple[int, int] | None
+    tail_range: tuple[int, int] | None
+    tail_sliced: bool  # tensors already carry `.rank{r}.` (legacy profile) vs full-rank base
+    storage: frozenset[str]  # module prefixes with an exl3 record
+
+
+def _quant_dicts(ckpt: Checkpoint) -> list[dict[str, Any]]:
+    return [q for q in (ckpt.embedded_quant, ckpt.quant_config) if isinstance(q, dict)]
+
+
+def _decide(ckpt: Checkpoint, kind: Kind, tp: int, quantization: str | None) -> _Context:
+    """Exl3Config.override_quantization_method and the config step, as the runtime runs them."""
+    config = ckpt.config if isinstance(ckpt.config, dict) else {}
+    tail = config.get("hybrid_tr3_tail")
+    tail = tail if isinstance(tail, dict) and tail.get("format") == TAIL_FORMAT else None
+    qs = _quant_dicts(ckpt)
+    block = next((q["r7_routed_experts"] for q in qs if "r7_routed_experts" in q), None)
+    stamp = next((q.get("quant_method") for q in qs if "quant_method" in q), None)
+    if quantization is not None and quantization != "exl3":
+        kept, reason = False, f"--quantization {quantization} is forced"
+    elif tail is not None or isinstance(block, dict):
+        kept, reason = True, "R7 block" if tail is None else "hybrid_tr3_tail (exl3-trellis)"
+    elif quantization == "exl3" or stamp == "exl3":
+        kept, reason = True, "tensor_storage (quant_method exl3)"
+    else:
+        kept = False
+        reason = f"quant_method {stamp!r} with no R7 block and no exl3-trellis tail"
+    storage: set[str] = set()
+    for q in qs if tail is None else qs[:1]:  # with a tail the file is never hydrated
+        ts = q.get("tensor_storage")
+        if isinstance(ts, dict):
+            storage.update(
+                p for p, r in ts.items() if isinstance(r, dict) and r.get("quant_format") == "exl3"
+            )
+    sliced = tail is not None and tail.get("runtime_profile") is None
+    return _Context(
+        kind,
+        tp,
+        kept,
+        reason,
+        _range(block.get("moe_layers")) if isinstance(block, dict) else None,
+        _range(tail.get("moe_layers")) if tail is not None else None,
+        sliced,
+        frozenset(storage),
+    )
+
+
+class _Tally:
+    """Bytes per rank by class, and modules by claim method."""
+
+    def __init__(self, tp: int) -> None:
+        self.tp = tp
+        self.ranks: list[dict[str, int]] = [defaultdict(int) for _ in range(tp)]
+        self.claims: dict[str, Claim] = {}
+
+    def split(self, klass: str, method: str, module: str, nbytes: int, divided: bool) -> None:
+        share = -(-nbytes // self.tp) if divided else nbytes
+        for r in self.ranks:
+            r[klass] += share
+        self._claim(method, module, share * self.tp)
+
+    def on_rank(self, rank: int, klass: str, method: str, module: str, nbytes: int) -> None:
+        self.ranks[rank][klass] += nbytes
+        self._claim(method, module, nbytes)
+
+    def _claim(self, method: str, module: str, nbytes: int) -> None:
+        c = self.claims.setdefault(method, Claim(method))
+        c.modules.add(module)
+        c.nbytes += nbytes
+
+
+def _in(rng: tuple[int, int] | None, layer: int) -> bool:
+    return rng is not None and rng[0] <= layer <= rng[1]
+
+
+def _expert_method(ctx: _Context, layer: int, module: str) -> str:
+    if not ctx.kept:
+        return MOE_FALLBACK
+    if _in(ctx.r7_range, layer):
+        return R7_EXPERTS
+    if _in(ctx.tail_range, layer):
+        return TAIL
+    return TENSOR_STORAGE if module in ctx.storage else MOE_FALLBACK
+
+
+def _divided(proj: str, fld: str) -> bool:
+    """Which expert fields the runtime splits across ranks (r7 §3.4): the trellis, and the
+    intermediate-side rotation (gate/up svh, down suh); the hidden side and markers replicate."""
+    if fld == "trellis":
+        return True
+    return (fld == "svh") != (proj == "down_proj") if fld in ("suh", "svh") else False
+
+
+def _plan_experts(ckpt: Checkpoint, ctx: _Context, tally: _Tally, fallback: set[int]) -> set[str]:
+    """Routed-expert tensors; returns the names handled here."""
+    ks: dict[tuple[int, int, str], int] = {}
+    names = [n for n in ckpt.tensors if ".mlp.experts." in n]
+    parsed = {n: parse_expert(n) for n in names}
+    for n, en in parsed.items():
+        ref = ckpt.tensors[n]
+        if en is not None and en.field == "trellis" and len(ref.info.shape) == 3:
+            ks[(en.layer, en.expert, en.proj)] = ref.info.shape[2] // 16
+    done: set[str] = set()
+    for n, en in parsed.items():
+        nbytes = ckpt.tensors[n].info.nbytes
+        shared = _SHARED_H.match(n) or R7_SHARED_RE.match(n)
+        if en is None and shared is None:
+            continue
+        done.add(n)
+        layer = en.layer if en is not None else int(shared.group(1))  # type: ignore[union-attr]
+        module = en.prefix if en is not None else n.rsplit(".", 1)[0]
+        method = _expert_method(ctx, layer, module)
+        if method == MOE_FALLBACK:
+            fallback.add(layer)
+            continue
+        tail_layer = ctx.kind is Kind.R7 and _in(ctx.tail_range, layer)
+        k = ks.get((en.layer, en.expert, en.proj)) if en is not None else None
+        klass = TAIL_CLASS if tail_layer else (f"routed K{k}" if k else "routed vectors")
+        rank = en.rank if en is not None else int(shared.group(2)) if _SHARED_H.match(n) else None
+        if method == TAIL and ctx.tail_sliced and rank is not None:
+            if rank < ctx.tp:  # other ranks' slices are dropped at load
+                tally.on_rank(rank, klass, method, module, nbytes)
+            continue
+        divided = en is not None and _divided(en.proj, en.field)
+        tally.split(klass, method, module, nbytes, divided)
+    return done
+
+
+def _storage_has(ctx: _Context, prefix: str) -> bool:
+    """Exl3Config._storage_entry's first candidates: the prefix with and without `model.`."""
+    alt = prefix.removeprefix("model.") if prefix.startswith("model.") else f"model.{prefix}"
+    return prefix in ctx.storage or alt in ctx.storage
+
+
+def _plan_dense(ckpt: Checkpoint, ctx: _Context, tally: _Tally, skip: set[str]) -> set[str]:
+    """EXL3 linears outside the routed experts; returns the names handled here."""
+    from exl3tool.formats.exl3 import group_linears
+
+    rest = {n: r for n, r in ckpt.tensors.items() if n not in skip}
+    done: set[str] = set()
+    for prefix, group in group_linears(rest).items():
+        done.update(ref.name for ref in group.parts.values())
+        layer = layer_of(prefix)
+        tail_layer = ctx.kind is Kind.R7 and layer is not None and _in(ctx.tail_range, layer)
+        if ctx.kept and _storage_has(ctx, prefix):
+            klass = TAIL_CLASS if tail_layer else DENSE
+            for fld, ref in group.parts.items():
+                tally.split(klass, TENSOR_STORAGE, prefix, ref.info.nbytes, fld == "trellis")
+            continue
+        rows, cols = group.in_features or 0, group.out_features or 0
+        tally.split(BF16_DENSE, FALLBACK, prefix, rows * cols * 2, True)
+    return done
+
+
+def _plan_rest(ckpt: Checkpoint, ctx: _Context, tally: _Tally, skip: set[str]) -> None:
+    """Unquantized tensors as stored: matrices split across ranks, vectors replicated."""
+    for name, ref in ckpt.tensors.items():
+        if name in skip:
+            continue
+        layer = layer_of(name)
+        tail_layer = ctx.kind is Kind.R7 and layer is not None and _in(ctx.tail_range, layer)
+        klass = TAIL_CLASS if tail_layer else PLAIN
+        tally.split(klass, UNQUANTIZED, name.rsplit(".", 1)[0], ref.info.nbytes,
+                    len(ref.info.shape) >= 2)  # fmt: skip
+
+
+def _moe_sizes(config: Any) -> tuple[int, int, int] | None:
+    cfg = config if isinstance(config, dict) else {}
+    text = cfg.get("text_config")
+    cfg = {**cfg, **text} if isinstance(text, dict) else cfg
+    count = expert_count(cfg)
+    hidden = cfg.get("hidden_size")
+    inter = cfg.get("moe_intermediate_size", cfg.get("intermediate_size"))
+    if count is None or type(hidden) is not int or type(inter) is not int:
+        return None
+    return count[1], hidden, inter
+
+
+def _plan_fallback(ckpt: Checkpoint, tally: _Tally, layers: set[int], findings: Findings) -> None:
+    """The unquantized MoE method allocates w13 [E, 2I, H] and w2 [E, H, I] in BF16 per layer,
+    split across ranks along I."""
+    if not layers:
+        return
+    sizes = _moe_sizes(ckpt.config)
+    if sizes is None:
+        findings.add(r7_rules.R7_SIZES, "no expert count, hidden_size or moe_intermediate_size: "
+                     "the BF16 fallback cannot be sized", file="config.json")  # fmt: skip
+        return
+    experts, hidden, inter = sizes
+    for layer in sorted(layers):
+        module = f"model.layers.{layer}.mlp.experts"
+        tally.split(BF16_EXPERTS, MOE_FALLBACK, module, experts * 3 * inter * hidden * 2, True)
+
+
+def _findings(plan: BootPlan, ctx: _Context, fallback: set[int]) -> None:
+    f = plan.findings
+    if not ctx.kept:
+        nbytes = sum(r.get(BF16_EXPERTS, 0) for r in plan.ranks)
+        f.add(
+            pl.PL_CONFIG_DISCARDED,
+            f"{ctx.reason}: the EXL3 config is discarded; {len(fallback)} MoE layers fall to "
+            f"the unquantized MoE method and allocate {_gib(nbytes)} of BF16 experts",
+            file="config.json",
+            pointer="/quantization_config/quant_method",
+        )
+    else:
+        for method in (MOE_FALLBACK, FALLBACK):
+            claim = plan.claims.get(method)
+            if claim is not None:
+                f.add(
+                    pl.PL_UNCLAIMED,
+                    f"{len(claim.modules)} EXL3 modules get the {method} (e.g. "
+                    f"{min(claim.modules)}): {_gib(claim.nbytes)} allocated",
+                    tensor=min(claim.modules),
+                )
+    if plan.gpu_memory is not None:
+        for rank, total in enumerate(plan.totals()):
+            if total > plan.gpu_memory:
+                f.add(
+                    pl.PL_RANK_MEMORY,
+                    f"rank {rank}: {_gib(total)} of weights, the GPU has {_gib(plan.gpu_memory)}",
+                )
+
+
+def _gib(n: int) -> str:
+    """Bytes in the largest binary unit they reach."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def build_plan(ckpt: Checkpoint, kind: Kind, opts: PlanOptions) -> BootPlan:
+    """The boot plan of a loaded checkpoint (headers only)."""
+    ctx = _decide(ckpt, kind, opts.tp, opts.quantization)
+    tally = _Tally(opts.tp)
+    fallback: set[int] = set()
+    done = _plan_experts(ckpt, ctx, tally, fallback)
+    done |= _plan_dense(ckpt, ctx, tally, done)
+    _plan_rest(ckpt, ctx, tally, done)
+    findings = Findings()
+    _plan_fallback(ckpt, tally, fallback, findings)
+    tail = (ckpt.config or {}).get("hybrid_tr3_tail") if isinstance(ckpt.config, dict) else None
+    if ctx.kept and ctx.tail_sliced and isinstance(tail, dict) and tail.get("tp") != opts.tp:
+        findings.add(r7_rules.RS_TP, f"checkpoint tp {tail.get('tp')!r}, --tp {opts.tp}: the "
+                     "runtime refuses to load the tail", file="config.json",
+                     pointer="/hybrid_tr3_tail/tp")  # fmt: skip
+    plan = BootPlan(
+        str(opts.path),
+        kind.value,
+        opts.tp,
+        opts.quantization,
+        "kept" if ctx.kept else "discarded",
+        ctx.reason,
+        opts.gpu_memory,
+        [dict(r) for r in tally.ranks],
+        tally.claims,
+        findings,
+    )
+    _findings(plan, ctx, fallback)
+    return plan
+
+
+PLANNABLE = (Kind.EXL3, Kind.R7, Kind.RANK_SLICED, Kind.MSRT_BASE)
+
+
+def run(opts: PlanOptions) -> BootPlan:
+    """Detect, load headers, plan. InputError (exit 3) for an unreadable path; UsageError (2)
+    for a bad TP size or an artifact that is not a checkpoint."""
+    from exl3tool.actions.validate import artifact_root, check_readable
+
+    if type(opts.tp) is not int or opts.tp < 1:
+        raise UsageError(f"--tp {opts.tp!r} must be a positive integer")
+    path = artifact_root(Path(opts.path))
+    check_readable(path)
+    kind = detect(path)
+    if kind is Kind.UNKNOWN and (path / "config.json").is_file():
+        kind = Kind.EXL3  # EXL3 tensors behind a foreign stamp: the seed case, planned as such
+    if kind not in PLANNABLE or not path.is_dir():
+        raise UsageError(f"{path}: a {kind.value} artifact has no boot plan (a checkpoint dir)")
+    load_findings = Findings()
+    ckpt = load_checkpoint(path, load_findings)
+    if not ckpt.tensors:
+        raise InputError(f"{path}: no readable tensor headers")
+    plan = build_plan(ckpt, kind, opts)
+    plan.findings.extend(f for f in load_findings if f.level.rank >= 2)
+    return plan
+
+
+def plot(plan: BootPlan, out: Path, *, force: bool = False) -> None:
+    """A stacked bar per rank (GiB by class), with the GPU memory as a line; written atomically."""
+    import io
+
+    from exl3tool.actions.inspect_plot import require_matplotlib
+    from exl3tool.io.atomic import write_bytes_atomic
+
+    require_matplotlib()
+    import matplotlib.pyplot as plt
+
+    classes = sorted({k for r in plan.ranks for k in r})
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * plan.tp + 3), 4.5), layout="constrained")
+    bottom = [0.0] * plan.tp
+    for klass in classes:
+        values = [r.get(klass, 0) / 2**30 for r in plan.ranks]
+        ax.bar(range(plan.tp), values, bottom=bottom, label=klass)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    if plan.gpu_memory is not None:
+        ax.axhline(plan.gpu_memory / 2**30, color="red", linestyle="--", label="GPU memory")
+    ax.set_xticks(range(plan.tp))
+    ax.set_xlabel("TP rank")
+    ax.set_ylabel("resident weights (GiB)")
+    ax.set_title(f"{Path(plan.path).name}: EXL3 config {plan.exl3_config}")
+    ax.legend(fontsize="small")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    write_bytes_atomic(out, buf.getvalue(), force=force)
