@@ -78,3 +78,132 @@ def test_ci_doc_command_runs(line: str, workspace: Path, tmp_path: Path) -> None
         (workspace / redirect).write_text(run.stdout)
         if redirect.endswith(".json"):
             assert json.loads(run.stdout)["summary"]["errors"] == 0
+
+
+# --- docs/formats: every section a citation names exists ----------------------------------------
+
+FORMATS = REPO / "docs" / "formats"
+# a cited page: its current path, or the name of the spec file it replaced
+CITED_PAGE = re.compile(
+    r"docs/formats/(?P<new>exl3|msrt|r7)\.md"
+    r"|(?P<old>exl3-format|msrt-cartridge-format|r7-checkpoint-format)\.md"
+    r"|\b(?P<short>exl3|msrt|r7)(?= §)"
+)
+OLD_NAMES = {"exl3-format": "exl3", "msrt-cartridge-format": "msrt", "r7-checkpoint-format": "r7"}
+SECTION = re.compile(r"(?<!RFC \d{4} )§\s?(\d+(?:\.\d+)*)")
+HEADING = re.compile(r"^#{2,3} (\d+(?:\.\d+)*)\.? ", re.M)
+# the page a bare "§N" refers to, by the citing file's path (first match wins)
+BARE_DEFAULT = (
+    ("docs/formats/exl3.md", "exl3"),
+    ("docs/formats/msrt.md", "msrt"),
+    ("docs/formats/r7.md", "r7"),
+    ("exl3tool/trellis/", "exl3"),
+    ("exl3tool/runtime/exl3ref.py", "exl3"),
+    ("exl3tool/runtime/linear.py", "exl3"),
+    ("exl3tool/rules/exl3.py", "exl3"),
+    ("exl3tool/rules/decode.py", "exl3"),
+    ("exl3tool/synth/exl3.py", "exl3"),
+    ("exl3tool/tp/linear.py", "exl3"),
+    ("tests/trellis/", "exl3"),
+    ("benchmarks/", "exl3"),
+    ("exl3tool/rules/r7.py", "r7"),
+    ("exl3tool/checks/r7", "r7"),
+    ("exl3tool/checks/rank_sliced.py", "r7"),
+    ("exl3tool/formats/r7.py", "r7"),
+    ("exl3tool/formats/tail.py", "r7"),
+    ("exl3tool/identity/logical.py", "r7"),
+    ("exl3tool/synth/r7.py", "r7"),
+    ("exl3tool/tp/configs.py", "r7"),
+    ("exl3tool/tp/plan.py", "r7"),
+    ("exl3tool/", "msrt"),  # cartridge, base, identity, staging and runtime modules
+    ("tests/", "msrt"),
+)
+
+
+def _sections() -> dict[str, set[str]]:
+    return {p.stem: set(HEADING.findall(p.read_text())) for p in FORMATS.glob("*.md")}
+
+
+def _cited_files() -> list[Path]:
+    out = [README]
+    for top in ("exl3tool", "docs", "tests", "benchmarks"):
+        out += [
+            p
+            for p in sorted((REPO / top).rglob("*"))
+            if p.suffix in (".py", ".md", ".json") and "__pycache__" not in p.parts
+        ]
+    # rules.md is checked through the registry; this file cites missing sections on purpose
+    return [p for p in out if p not in (RULES_MD, Path(__file__).resolve())]
+
+
+def citations(text: str, default: str | None) -> list[tuple[str | None, str]]:
+    """(page, section) of every § citation in `text`; a bare one gets `default`'s page."""
+    out: list[tuple[str | None, str]] = []
+    for line in text.splitlines():
+        if "§" not in line:
+            continue
+        pages = list(CITED_PAGE.finditer(line))
+        spans = []
+        for i, m in enumerate(pages):
+            end = pages[i + 1].start() if i + 1 < len(pages) else len(line)
+            stop = re.search(r"[);]", line[m.end() : end])
+            end = m.end() + stop.start() if stop else end
+            page = m.group("new") or m.group("short") or OLD_NAMES[m.group("old")]
+            spans.append((m.end(), end, page))
+        for s in SECTION.finditer(line):
+            page = next((p for a, b, p in spans if a <= s.start() < b), default)
+            out.append((page, s.group(1)))
+    return out
+
+
+def _default(rel: str) -> str | None:
+    return next((page for prefix, page in BARE_DEFAULT if rel.startswith(prefix)), None)
+
+
+def _exists(sections: dict[str, set[str]], page: str | None, sec: str) -> bool:
+    """A bare citation outside the package (README, docs) may name any page's section."""
+    pages = [page] if page else ["exl3", "r7", "msrt"]
+    return any(sec in sections.get(p, set()) for p in pages)
+
+
+def test_format_pages_have_the_numbered_sections() -> None:
+    sections = _sections()
+    assert set(sections) >= {"exl3", "r7", "msrt", "index"}
+    assert {"3.4", "5.4", "6", "12.3", "13"} <= sections["exl3"]
+    assert {"2.1", "3.4", "7.1", "10.2"} <= sections["r7"]
+    assert {"1.3", "4", "6.2", "9", "10.7", "11.1"} <= sections["msrt"]
+
+
+def test_citing_a_missing_section_is_caught() -> None:
+    found = citations("see (exl3-format.md §3.4; docs/formats/msrt.md §6.9) and §2", "r7")
+    assert found == [("exl3", "3.4"), ("msrt", "6.9"), ("r7", "2")]
+    assert "6.9" not in _sections()["msrt"]
+    assert citations("RFC 3339 §5.6 allows it", "msrt") == []
+    assert citations("the fields (r7 §3.4)", "msrt") == [("r7", "3.4")]
+
+
+def test_every_cited_section_exists() -> None:
+    sections = _sections()
+    missing = []
+    for path in _cited_files():
+        rel = path.relative_to(REPO).as_posix()
+        text = path.read_text(errors="replace")
+        for page, sec in citations(text, _default(rel)):
+            if not _exists(sections, page, sec):
+                missing.append(f"{rel}: {page}.md §{sec}")
+    assert not missing, "\n".join(missing)
+
+
+def test_every_rule_text_cites_existing_sections() -> None:
+    from exl3tool.rules.families import FAMILY_DOCS
+    from exl3tool.rules.registry import all_rules
+
+    sections = _sections()
+    missing = []
+    for r in all_rules():
+        doc = FAMILY_DOCS.get(r.family)
+        default = Path(doc).stem if doc else None
+        for page, sec in citations(f"{r.title}\n{r.why}\n{r.hint}", default):
+            if not _exists(sections, page, sec):
+                missing.append(f"{r.code}: {page}.md §{sec}")
+    assert not missing, "\n".join(missing)

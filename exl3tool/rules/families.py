@@ -28,6 +28,16 @@ FAMILY_TITLES = MappingProxyType(
 )
 
 
+# The format page that a family's bare section citations refer to (docs/formats/index.md).
+FAMILY_DOCS = MappingProxyType(
+    {
+        **dict.fromkeys(("EX", "DC", "TP"), "docs/formats/exl3.md"),
+        **dict.fromkeys(("R7", "RS", "ST", "JS", "PA", "CK", "GT"), "docs/formats/r7.md"),
+        **dict.fromkeys(("CA", "MB", "ID", "VS"), "docs/formats/msrt.md"),
+    }
+)
+
+
 def family_title(family: str) -> str:
     """The title of a family; an unlisted one reads "<prefix> rules"."""
     return FAMILY_TITLES.get(family, f"{family} rules")
