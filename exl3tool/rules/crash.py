@@ -25,3 +25,13 @@ RS_CRASH = _crash("RS099", "rank-sliced")
 MB_CRASH = _crash("MB099", "MSRT base")
 CA_CRASH = _crash("CA099", "cartridge")
 ID_CRASH = _crash("ID099", "identity")
+
+CK_DECLARED_COUNT = rule(
+    "CK098",
+    "declared-count-implausible",
+    E,
+    "Declared counts describe far more tensors than the artifact holds",
+    "A config's layer, expert or rank count sizes the checks' work; one far beyond the tensors "
+    "present is a defect (or hostile), and checking every declared slot would not finish.",
+    "Fix the count in the config so that it matches the tensors the checkpoint stores.",
+)
