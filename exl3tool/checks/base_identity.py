@@ -11,8 +11,10 @@ from typing import Any
 
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.io.paths import link_escape
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.rules import base as mb
+from exl3tool.rules import io as io_rules
 from exl3tool.rules.registry import Findings
 
 _PTR = "/hybrid_tr3_tail"
@@ -98,9 +100,15 @@ def check_manifest(ckpt: Checkpoint, findings: Findings, options: ValidateOption
         for name in files + [d for d in dirs if (Path(dirpath) / d).is_symlink()]:
             p = Path(dirpath) / name
             rel = p.relative_to(root).as_posix()
-            if p.is_symlink():
-                findings.add(mb.MB_MANIFEST, "symlink inside the base", file=rel)
-            elif rel != "MANIFEST.sha256" and not rel.startswith("."):
+            # A link to a file is that file (a Hugging Face cache snapshot links every file into
+            # blobs/); one that leaves the base and the cache is PA006 (the loader reports the
+            # top level).
+            if p.is_symlink() and not p.is_file():
+                findings.add(mb.MB_MANIFEST, "symlink to a directory or nothing", file=rel)
+                continue
+            if "/" in rel and link_escape(root, p):
+                findings.add(io_rules.PA_LINK_ESCAPE, link_escape(root, p), file=rel)
+            if rel != "MANIFEST.sha256" and not rel.startswith("."):
                 present.add(rel)
     for rel in sorted(present - set(listed)):
         findings.add(mb.MB_MANIFEST, "file not listed in MANIFEST.sha256", file=rel)

@@ -1,9 +1,11 @@
 """A cartridge as manifest + shard headers + a key index (msrt-cartridge-format.md §2-§4, §9 A/C).
 
 `load_cartridge` reads `adapter_config.json` and every listed shard's safetensors header; payload
-bytes are never read. Files are opened without following symlinks (`io.paths.open_inside`); path
-and key-index defects become findings, and the model returned is best effort so that later checks
-still run.
+bytes are never read. Files are opened without following symlinks (`io.paths.open_inside`), except
+links into the adapter itself or into the Hugging Face cache's blobs/ (a cache snapshot), which are
+read like files; any other link is a PA002 error, since the runtime opens adapter files without
+following links (`stage-cartridge`, which follows them, writes a real-file copy). Path and key-index
+defects become findings, and the model returned is best effort so that later checks still run.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, NamedTuple
 
 from exl3tool.formats import msrt_spec as spec
 from exl3tool.io.jsonfile import report_issues
-from exl3tool.io.paths import PathViolation, open_inside, relative_path_problem
+from exl3tool.io.paths import Links, PathViolation, open_inside, relative_path_problem
 from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo, read_header
 from exl3tool.io.strict_json import loads
 from exl3tool.rules import cartridge as ca
@@ -91,6 +93,7 @@ class Cartridge:
     shards: dict[str, SafetensorsFile] = field(default_factory=dict)  # manifest path -> header
     keys: dict[str, KeyRef] = field(default_factory=dict)
     entry_file: str | None = None  # a shard file passed instead of the directory
+    links: Links = "cache"  # which symlinks are read like files (io.paths.Links)
 
     def field(self, name: str, default: Any = None) -> Any:
         m = self.manifest
@@ -141,11 +144,20 @@ def _no_symlink_on_path(path: Path) -> str | None:
     return None
 
 
-def read_manifest(root: Path, findings: Findings) -> tuple[dict[str, Any] | None, bytes | None]:
+def read_manifest(
+    root: Path, findings: Findings, links: Links = "cache"
+) -> tuple[dict[str, Any] | None, bytes | None]:
     """Rule 3: `adapter_config.json` regular, ≤ 16 MiB, unchanged while read, strict JSON."""
     label = spec.ADAPTER_CONFIG
     try:
-        fd = open_inside(root, label)
+        try:
+            fd = open_inside(root, label, links=links)
+        except PathViolation as exc:
+            if exc.kind != "symlink" or links != "cache":
+                raise
+            # the runtime would refuse it (PA002); read the target so the other checks still run
+            findings.add(io_rules.PA_SYMLINK, str(exc), file=label)
+            fd = open_inside(root, label, links="any")
     except PathViolation as exc:
         findings.add(ca.CA_CONFIG, f"cannot open {label}: {exc}", file=label)
         return None, None
@@ -163,12 +175,25 @@ def read_manifest(root: Path, findings: Findings) -> tuple[dict[str, Any] | None
         return None, None
     value, issues = loads(data)
     report_issues(issues, findings, label)
+    value = drop_rejected(value, issues)
     if not isinstance(value, dict):
         if value is not None or not issues:  # a bare `null` parses without an issue
             what = "null" if value is None else f"a JSON {type(value).__name__}"
             findings.add(ca.CA_CONFIG, f"is {what}, not a JSON object", file=label, pointer="")
         return None, data
     return value, data
+
+
+def _open_listed(cart: Cartridge, rel: str, findings: Findings, pointer: str) -> int:
+    """Open a listed file; a link the runtime would refuse is PA002, and its target is still
+    read so that the other checks judge the bytes instead of repeating "missing"."""
+    try:
+        return open_inside(cart.root, rel, links=cart.links)
+    except PathViolation as exc:
+        if exc.kind != "symlink" or cart.links != "cache":
+            raise
+        findings.add(io_rules.PA_SYMLINK, str(exc), file=rel, pointer=pointer)
+        return open_inside(cart.root, rel, links="any")
 
 
 def _open_shards(cart: Cartridge, findings: Findings) -> None:
@@ -199,7 +224,7 @@ def _open_shards(cart: Cartridge, findings: Findings) -> None:
             continue
         seen[norm] = i
         try:
-            fd = open_inside(cart.root, rel)
+            fd = _open_listed(cart, rel, findings, ptr + "/path")
         except PathViolation as exc:
             findings.add(_PATH_RULES[exc.kind], str(exc), file=rel, pointer=ptr + "/path")
             continue
@@ -253,8 +278,9 @@ def _index_keys(cart: Cartridge, findings: Findings) -> None:
             cart.keys[name] = KeyRef(header, info)
 
 
-def load_cartridge(path: Path, findings: Findings) -> Cartridge:
-    """Load an adapter directory, or one shard file that its adjacent manifest lists (rule 6)."""
+def load_cartridge(path: Path, findings: Findings, *, links: Links = "cache") -> Cartridge:
+    """Load an adapter directory, or one shard file that its adjacent manifest lists (rule 6).
+    `links`: which symlinked files are read like files (io.paths.Links)."""
     path = Path(path)
     try:
         st = os.lstat(path)
@@ -272,8 +298,8 @@ def load_cartridge(path: Path, findings: Findings) -> Cartridge:
     else:
         findings.add(ca.CA_NOT_DIR_OR_FILE, f"{path} is neither a directory nor a regular file")
         return Cartridge(root=path)
-    cart = Cartridge(root=root, entry_file=entry_file)
-    cart.manifest, cart.manifest_bytes = read_manifest(root, findings)
+    cart = Cartridge(root=root, entry_file=entry_file, links=links)
+    cart.manifest, cart.manifest_bytes = read_manifest(root, findings, links)
     if cart.manifest is None:
         return cart
     if entry_file is not None and entry_file != spec.ADAPTER_CONFIG:

@@ -35,9 +35,11 @@ def same_content(a: FileStamp, b: FileStamp) -> bool:
 
 
 def stamp_of_path(path: Path) -> FileStamp | None:
-    """The stamp of what `path` names now (not following a final symlink), or None if gone."""
+    """The stamp of the file `path` names now, or None if gone. A final symlink is followed, as
+    `open` did (Hugging Face cache snapshots link into blobs/): a link re-pointed at another
+    file still shows as "replaced" (another dev/ino)."""
     try:
-        return FileStamp.of(os.lstat(path))
+        return FileStamp.of(os.stat(path))
     except OSError:
         return None
 

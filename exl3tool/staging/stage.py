@@ -1,7 +1,7 @@
 """`stage-cartridge`: turn an adapter into a verified, deployable, TP-ready directory.
 
 Mirrors the runtime's staging step (msrt-cartridge-format.md §9 A, §10.2): every shard is opened
-without following symlinks and copied into a private directory while it is hashed (one read,
+and copied into a private directory while it is hashed (one read,
 sha256 + blake3), its size and sha256 are compared with the manifest and its
 (dev, ino, size, mtime_ns, ctime_ns) before and after the copy must agree. Every validation then
 runs on the verified private bytes against the base (whose identity is recomputed from its bytes).
@@ -85,7 +85,9 @@ def _copy_one(
     """Copy one shard with one read, hashing it; returns (copied, problems as (rule, msg))."""
     problems: list[tuple] = []
     try:
-        fd = open_inside(root, entry.path)
+        # Symlinks are followed (a Hugging Face cache snapshot links every file into blobs/): the
+        # copy is made of real files, which is what the runtime opens without following links.
+        fd = open_inside(root, entry.path, links="any")
     except PathViolation as exc:
         return None, [
             (io_rules.PA_SYMLINK if exc.kind == "symlink" else io_rules.PA_NOT_REGULAR, str(exc))
@@ -269,7 +271,7 @@ def stage_cartridge(
         raise OutputError(f"{out} exists; pass --force to replace it")
     remove_stale_temps(out)  # a killed run's leftovers; never a live run's
     findings = Findings()
-    src = load_cartridge(Path(adapter), findings)
+    src = load_cartridge(Path(adapter), findings, links="any")
     if src.entry_file is not None and src.entry_file != spec.ADAPTER_CONFIG:
         raise UsageError("stage-cartridge takes the adapter directory, not a shard file")
     binfo = load_base_info(

@@ -38,7 +38,8 @@ def carried_files(ckpt: Checkpoint) -> list[str]:
         return []
     out = []
     for e in sorted(os.scandir(ckpt.root), key=lambda e: e.name):
-        if e.is_file(follow_symlinks=False) and not _NOT_CARRIED.search(e.name):
+        # a link to a file is carried as that file (HF cache snapshots link into blobs/)
+        if e.is_file() and not _NOT_CARRIED.search(e.name):
             out.append(e.name)
     return out
 
@@ -89,7 +90,7 @@ def write_rank_configs(ckpt: Checkpoint, dst: Path, slices: Iterable[TensorSlice
                 dump_json(qc) if qc != ckpt.quant_config else _read(ckpt, name)
             )
         else:
-            shutil.copyfile(ckpt.root / name, dst / name, follow_symlinks=False)
+            shutil.copyfile(ckpt.root / name, dst / name)  # a real file, also for a link
     return names
 
 
@@ -171,7 +172,7 @@ def write_rank_sliced_configs(ckpt: Checkpoint, kind: Kind, tp: int, dst: Path) 
         elif name == "tier_bitmap.json" and bitmap is not None:
             continue
         else:
-            shutil.copyfile(ckpt.root / name, dst / name, follow_symlinks=False)
+            shutil.copyfile(ckpt.root / name, dst / name)
     if "config.json" not in names:
         (dst / "config.json").write_bytes(dump_json({"hybrid_tr3_tail": tail}))
         names.append("config.json")

@@ -150,13 +150,25 @@ def test_disk_full(msrt, src, tmp_path, monkeypatch):
     assert not out.exists() and siblings(out) == []
 
 
-def test_symlinked_shard_refused(msrt, src, tmp_path):
+def test_symlinked_shard_is_refused_by_validate_and_staged_as_a_real_file(msrt, src, tmp_path):
+    # The runtime opens adapter files without following links: validate refuses a link that
+    # leaves the adapter (PA002, hint: stage-cartridge); staging writes the real file.
+    from exl3tool.checks.cartridge import check_cartridge
+    from exl3tool.checks.options import ValidateOptions
+    from exl3tool.rules.registry import Findings
+
+    name = "model-layer-004-b000.safetensors"
     target = tmp_path / "elsewhere.safetensors"
-    shutil.move(src / "model-layer-004-b000.safetensors", target)
-    (src / "model-layer-004-b000.safetensors").symlink_to(target)
-    with pytest.raises(StageError) as exc:
-        stage_cartridge(src, msrt["base"], out=tmp_path / "out")
-    assert "PA002" in exc.value.findings.codes()
+    shutil.move(src / name, target)
+    (src / name).symlink_to(target)
+    findings = Findings()
+    check_cartridge(src, findings, ValidateOptions())
+    assert [f.code for f in findings.errors()] == ["PA002"]
+    assert "stage-cartridge" in findings.errors()[0].rule.hint
+    out = tmp_path / "out"
+    stage_cartridge(src, msrt["base"], out=out)
+    staged = next(out.rglob(name))
+    assert not staged.is_symlink() and staged.read_bytes() == target.read_bytes()
 
 
 def test_leftovers_of_a_killed_run_are_cleaned(msrt, src, tmp_path):
