@@ -1,0 +1,1 @@
+"""Reference runtime (torch): EXL3 linear, MoE block, MSRT stages, swap engine, distributed TP."""
