@@ -67,7 +67,7 @@ def _render(report: Report, console: Console) -> None:
 
 def to_text(report: Report) -> str:
     buf = io.StringIO()
-    _render(report, Console(file=buf, color_system=None, width=120, no_color=True))
+    _render(report, Console(file=buf, color_system=None, width=80, no_color=True))
     return buf.getvalue()
 
 

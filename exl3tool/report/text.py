@@ -70,7 +70,7 @@ def _render(report: Report, console: Console, quiet: bool = False) -> None:
 
 def to_text(report: Report, color: bool = False) -> str:
     buf = io.StringIO()
-    _render(report, Console(file=buf, color_system=None, width=120, no_color=not color))
+    _render(report, Console(file=buf, color_system=None, width=80, no_color=not color))
     return buf.getvalue()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +190,14 @@ def _key(f: Finding) -> tuple[Any, ...]:
     return (f.code, f.message, loc.file, loc.tensor, loc.pointer, f.level)
 
 
+def _selected(cfg: GateConfig, findings: Iterable[Finding]) -> Findings:
+    """The findings the config's (and the command line's) rule selection reports."""
+    rules = getattr(cfg, "rules", None)
+    if rules is None or rules.is_default:
+        return Findings(findings)
+    return rules.apply(findings)
+
+
 ProgressFn = Callable[[str], None]
 
 
@@ -208,9 +216,12 @@ def run_check(
     resolution = Findings()
     targets = resolve_targets(cfg, resolution)
     tmp_root = cfg.resolve(cfg.tmp_dir) if cfg.tmp_dir else None
+    consumed: list[Finding] = []
     for t in targets:
         started = time.perf_counter()
-        own = Findings(f for f in resolution if f.location.file in (t.label, t.source, str(t.path)))
+        mine = [f for f in resolution if f.location.file in (t.label, t.source, str(t.path))]
+        consumed.extend(mine)
+        own = _selected(cfg, mine)
         seen = {_key(f) for f in own}
         checks: list[dict[str, Any]] = []
         extra: dict[str, Any] = {"name": t.label, "role": t.role, "kind": t.kind}
@@ -224,6 +235,7 @@ def run_check(
                 on_step(f"{t.label}: {step.name}")
             t0 = time.perf_counter()
             res = _run_step(step, ctx)
+            res.findings = _selected(cfg, res.findings)
             for f in res.findings:
                 if _key(f) not in seen:  # validate runs again per TP size
                     seen.add(_key(f))
@@ -241,6 +253,6 @@ def run_check(
         extra.setdefault("identity_root", None)
         report.artifacts.append(ArtifactRef(str(t.path) if t.path else t.source, t.kind, extra))
         report.add_findings(own)
-    leftover = [f for f in resolution if not any(f is g for g in report.findings)]
-    report.add_findings(leftover)
+    leftover = [f for f in resolution if not any(f is g for g in consumed)]
+    report.add_findings(_selected(cfg, leftover))
     return report

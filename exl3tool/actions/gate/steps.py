@@ -38,13 +38,17 @@ def validate(ctx: Context, *, hash: bool, tp: int | None = None) -> StepResult:
     return res
 
 
-def _identity(ctx: Context, algo: str, selection: str | None, compat: bool | None) -> Any:
+def _identity(
+    ctx: Context, algo: str, selection: str | None, compat: bool | None, broken_ok: bool = True
+) -> Any:
     from exl3tool.identity.artifact import open_artifact
     from exl3tool.identity.fast import compute_identity, parse_layers
 
     # Container defects (broken headers, missing shards) are validate's findings; here only
     # what changes the identity counts.
-    ckpt, _kind, _container = open_artifact(_path(ctx))
+    ckpt, _kind, container = open_artifact(_path(ctx))
+    if not broken_ok and container.has_errors():
+        return None
     return compute_identity(
         ckpt,
         algo=algo,
@@ -66,7 +70,11 @@ def identity_root(ctx: Context) -> StepResult:
     """`exl3tool identity PATH`: the fast (blake3) logical identity root, for the summary."""
     from exl3tool.identity.compare import problem_findings
 
-    ident = _identity(ctx, "blake3", None, None)
+    ident = _identity(ctx, "blake3", None, None, broken_ok=False)
+    if ident is None:  # validate reports the errors; a root of unreadable bytes means nothing
+        res = StepResult(status="skipped")
+        res.notes.append(f"{ctx.target.label}: identity root skipped: the container has errors")
+        return res
     res = StepResult(extra=_identity_extra(ident))
     problem_findings(ident, res.findings, str(_path(ctx)))
     return res
