@@ -11,6 +11,7 @@ from exl3tool.rules.registry import all_rules, family_of
 
 RULES_MD = Path(__file__).resolve().parents[1] / "docs" / "rules.md"
 COMMANDS_DIR = RULES_MD.parent / "commands"
+CONFORMANCE_MD = RULES_MD.parent / "runtime-conformance.md"
 HELP_WIDTH = 100  # fixed, so the pages do not depend on the terminal that generates them
 
 FAMILIES = FAMILY_TITLES  # rules/families.py
@@ -108,7 +109,10 @@ def render_commands_index() -> str:
 
 def generated() -> dict[Path, str]:
     """Every generated page and its content."""
+    from exl3tool.rules.conformance import render_markdown
+
     pages = {RULES_MD: render_rules_md(), COMMANDS_DIR / "index.md": render_commands_index()}
+    pages[CONFORMANCE_MD] = render_markdown()  # rules/conformance.py (issue 14)
     for name in command_names():
         pages[COMMANDS_DIR / f"{name}.md"] = render_command_md(name)
     return pages

@@ -17,6 +17,7 @@ EXAMPLES = ROOT / "examples"
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from exl3tool.synth.exl3 import build_exl3
     from exl3tool.synth.msrt import build_base
     from exl3tool.synth.r7 import build_rank_sliced
 
@@ -25,4 +26,5 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "rank-sliced-k2": build_rank_sliced(root / "rs-k2", bits=2),
         "rank-sliced-k3": build_rank_sliced(root / "rs-k3", bits=3),
         "sparse-base": build_base(root / "sparse-base", layers=(3, 10)),
+        "exl3": build_exl3(root / "exl3", shards=2),
     }
