@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from exl3tool.rules.families import FAMILY_TITLES
+from exl3tool.rules.families import FAMILY_DOCS, FAMILY_TITLES, family_title
 from exl3tool.rules.registry import all_rules, family_of
 
 RULES_MD = Path(__file__).resolve().parents[1] / "docs" / "rules.md"
@@ -35,12 +35,18 @@ def render_rules_md() -> str:
     for r in rules:
         by_family.setdefault(family_of(r.code), []).append(r)
     for family, items in sorted(by_family.items()):
-        out += [f"## {family}: {FAMILIES.get(family, family + ' rules')}", ""]
-        out += ["| code | name | severity | title | why | fix |", "|---|---|---|---|---|---|"]
+        out += [f"## {family}: {family_title(family)}", ""]
+        if family in FAMILY_DOCS:  # where a bare section number points
+            page = FAMILY_DOCS[family]
+            out += [f"Sections (§) cited without a page are those of [{page}]({page[5:]}).", ""]
+        out += [
+            "| code | name | severity | title | why | fix | example |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in items:
             out.append(
                 f"| {r.code} | {r.name} | {r.severity.value} | {_cell(r.title)} | "
-                f"{_cell(r.why)} | {_cell(r.hint)} |"
+                f"{_cell(r.why)} | {_cell(r.hint)} | {_cell(r.example)} |"
             )
         out.append("")
     return "\n".join(out)

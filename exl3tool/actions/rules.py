@@ -27,6 +27,7 @@ def run(opts: Options) -> list[Rule]:
 
 
 def to_json(rules: list[Rule]) -> list[dict[str, str]]:
+    """The catalogue as JSON: one object per rule, with its example and family title."""
     return [
         {
             "code": r.code,
@@ -35,6 +36,9 @@ def to_json(rules: list[Rule]) -> list[dict[str, str]]:
             "title": r.title,
             "why": r.why,
             "hint": r.hint,
+            "example": r.example,
+            "family": r.family,
+            "family_title": r.family_title,
         }
         for r in rules
     ]

@@ -16,6 +16,10 @@ def print_rules(rules: list[Rule]) -> None:
     table.add_column("severity", no_wrap=True)
     table.add_column("title", overflow="fold")
     table.add_column("fix", overflow="fold")
+    family = None
     for r in rules:
+        if r.family != family:  # a heading row per family, titled from rules/families.py
+            family = r.family
+            table.add_row(family, "", escape(r.family_title), "", style="bold")
         table.add_row(r.code, r.severity.value, escape(r.title), escape(r.hint))
     Console().print(table)

@@ -88,7 +88,7 @@ def _descriptor(r: Rule) -> dict[str, Any]:
         "fullDescription": {"text": r.why},
         "help": {"text": r.hint},
         "defaultConfiguration": {"level": _LEVEL[r.severity]},
-        "properties": {"tags": [family_of(r.code)]},
+        "properties": {"tags": [family_of(r.code), r.family_title]},
     }
 
 
