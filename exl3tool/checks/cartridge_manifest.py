@@ -229,8 +229,10 @@ def _check_coverage_keys(m: dict[str, Any], rep: _Reporter) -> None:
     chain, cov = m.get("chain"), m.get("coverage")
     if not isinstance(chain, list) or not isinstance(cov, dict):
         return
-    labels = {st.get("label") for st in chain if isinstance(st, dict)}
-    if set(cov) != labels:
+    labels = [st.get("label") for st in chain if isinstance(st, dict)]
+    if not all(isinstance(x, str) for x in labels):
+        return  # a rejected label (the schema reports it): nothing to compare with
+    if set(cov) != set(labels):
         rep.add(
             ca.CA_COVERAGE_KEYS,
             f"coverage keys {sorted(cov)} must equal the chain labels {sorted(map(str, labels))}",
@@ -238,12 +240,17 @@ def _check_coverage_keys(m: dict[str, Any], rep: _Reporter) -> None:
         )
 
 
+def _is_iota(ranks: list[int], n: int) -> bool:
+    """ranks == [0 .. n-1], without building a list of the declared n (issue 15)."""
+    return len(ranks) == n and all(r == i for i, r in enumerate(ranks))
+
+
 def _check_tp(m: dict[str, Any], rep: _Reporter) -> None:
     tp = m.get("tensor_parallel")
     if not isinstance(tp, dict):
         return
     ws, ranks, layout = tp.get("world_size"), tp.get("ranks"), tp.get("layout")
-    if type(ws) is int and ws >= 1 and ints(ranks) is not None and ranks != list(range(ws)):
+    if type(ws) is int and ws >= 1 and ints(ranks) is not None and not _is_iota(ranks, ws):
         rep.add(
             ca.CA_TP_CONTRACT,
             f"ranks {ranks} must be exactly [0 .. {ws - 1}]: invalid tensor_parallel contract",
@@ -282,7 +289,10 @@ def _check_closure(m: dict[str, Any], rep: _Reporter) -> None:
     selected = ints(m.get("selected_experts"))
     prev: dict[int, set[int]] | None = None
     for i, st in enumerate(chain):
-        if not isinstance(st, dict) or st.get("label") not in cov:
+        # a rejected (non-string) label: the schema reports it; nothing after it can be checked
+        if not isinstance(st, dict) or not isinstance(st.get("label"), str):
+            return
+        if st["label"] not in cov:
             return
         label = st["label"]
         stage = cov[label]

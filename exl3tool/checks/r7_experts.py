@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from exl3tool.checks.budget import check_declared
 from exl3tool.checks.exl3_linear import check_marker, check_trellis_dtype
 from exl3tool.checks.payload import FiniteCheck, Scan
 from exl3tool.formats.checkpoint import TensorRef
@@ -76,18 +77,25 @@ def _vector_ok(ref: TensorRef, size: int) -> bool:
 def check_experts(ctx: ExpertsContext) -> R7Payload:
     """Every layer of moe_layers; returns the payload's K table."""
     payload = R7Payload()
+    n_layers = max(ctx.block.last - ctx.block.first + 1, 0)  # len(range) overflows past 2**63
+    declared = n_layers * max(ctx.n_experts, 0) * len(PROJECTIONS)
+    where = {"file": ctx.block.file, "pointer": pointer_join(ctx.block.base, "moe_layers")}
+    what = "moe_layers and n_routed_experts"
+    if not check_declared(declared, len(ctx.table.plain), what, ctx.findings, **where):
+        return payload
+    held = {k[0] for k in ctx.table.plain}
     for layer in ctx.block.layers:
-        if _layer_present(ctx, layer):
+        if _layer_present(ctx, layer, held):
             _check_layer(ctx, layer, payload)
     return payload
 
 
-def _layer_present(ctx: ExpertsContext, layer: int) -> bool:
+def _layer_present(ctx: ExpertsContext, layer: int, held: set[int]) -> bool:
     table = ctx.table
     has_layer = any((layer, 0, p) in table.plain for p in PROJECTIONS) or any(
         (layer, f"r7_shared.{v}") in table.layer_vectors for v in SHARED_VECTORS
     )
-    if has_layer or any(k[0] == layer for k in table.plain):
+    if has_layer or layer in held:
         return True
     ctx.findings.add(
         r7.R7_LAYER_MISSING,

@@ -70,7 +70,8 @@ def _check_listing(block: Block, qc: dict, findings: Findings) -> None:
     expected = [layer_manifest(i) for i in block.layers]
     if listed is not None and listed != expected:
         extra = sorted(set(map(str, listed if isinstance(listed, list) else [])) - set(expected))
-        lack = sorted(set(expected) - set(listed if isinstance(listed, list) else []))
+        names = {x for x in listed if isinstance(x, str)} if isinstance(listed, list) else set()
+        lack = sorted(set(expected) - names)
         findings.add(
             r7.R7_MANIFEST_LIST,
             f"expected one manifest per layer {block.first}..{block.last}"

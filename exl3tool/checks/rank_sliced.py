@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from exl3tool.checks.budget import check_declared
 from exl3tool.checks.exl3_linear import (
     check_linears,
     check_marker,
@@ -200,6 +201,12 @@ def _tier_k(tier: dict[str, Any] | None, layer: int, expert: int) -> int | None:
 
 
 def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: Scan) -> None:
+    span = spec.layers[1] - spec.layers[0] + 1
+    declared = max(span, 0) * max(spec.n_experts, 0) * len(PROJECTIONS) * max(spec.tp, 0)
+    where = {"file": ctx.file, "pointer": pointer_join(ctx.base, "moe_layers")}
+    what = "moe_layers, experts and tp"
+    if not check_declared(declared, len(table.ranked), what, scan.findings, **where):
+        return
     for layer in range(spec.layers[0], spec.layers[1] + 1):
         missing: list[str] = []
         for e in range(spec.n_experts):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from exl3tool.formats import msrt_spec as spec
-from exl3tool.io.jsonfile import report_issues
+from exl3tool.io.jsonfile import drop_rejected, report_issues
 from exl3tool.io.paths import Links, PathViolation, open_inside, relative_path_problem
 from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo, read_header
 from exl3tool.io.strict_json import loads

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from itertools import islice
 
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.identity.engine import Segment, tensor_segment
@@ -168,11 +169,14 @@ def build_plan(ckpt: Checkpoint) -> LogicalPlan:
         if logical in plain:
             continue
         proj, fld = meta[logical]
-        missing = [r for r in range(world) if r not in by_rank]
+        # bounded by the slices present: `world` comes from a rank number in a tensor name
+        missing = list(islice((r for r in range(world) if r not in by_rank), 8))
         if missing:
+            more = world - len(by_rank) - len(missing)
+            shown = f"{missing}" + (f" and {more} more" if more > 0 else "")
             plan.problems.append(
                 PlanProblem(
-                    f"rank slices {missing} are missing (world size {world})",
+                    f"rank slices {shown} are missing (world size {world})",
                     tensor=logical,
                     layer=_layer(logical),
                 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,26 @@ def report_issues(issues: list[JsonIssue], findings: Findings, label: str) -> No
         findings.add(_ISSUE_RULES[issue.kind], issue.message, file=label, pointer=issue.pointer)
 
 
+def drop_rejected(value: Any, issues: list[JsonIssue]) -> Any:
+    """`value` with every NaN/Infinity (reported as JS003) replaced by None, in place: a value
+    the strict reader rejects never flows on into the checks (issue 15)."""
+    if not any(i.kind == "nonfinite" for i in issues):
+        return value
+    return _drop(value)
+
+
+def _drop(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        for k, x in v.items():
+            v[k] = _drop(x)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            v[i] = _drop(x)
+    return v
+
+
 def read_json_bytes(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     """Read a whole file, refusing more than max_bytes (raises OSError / ValueError)."""
     with open(path, "rb") as fh:
@@ -54,8 +75,8 @@ def read_json(
 ) -> Any:
     """Parse `path`; report problems as findings on `label`. Returns None if unusable.
 
-    Duplicate keys and non-finite numbers are reported but the (last-wins) value is still
-    returned, so later checks can run.
+    Duplicate keys are reported but the (last-wins) value is still returned, so later checks
+    can run; non-finite numbers are reported and returned as None (`drop_rejected`).
     """
     try:
         data = read_json_bytes(path, max_bytes)
@@ -64,6 +85,7 @@ def read_json(
         return None
     value, issues = loads(data)
     report_issues(issues, findings, label)
+    value = drop_rejected(value, issues)
     if value is None and any(i.kind in _FATAL for i in issues):
         return None
     if require_object and not isinstance(value, dict):

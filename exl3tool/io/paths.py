@@ -19,6 +19,7 @@ from exl3tool.io.hf_cache import blob_root
 # cache: links into the artifact or the hub cache's blobs/ are files, others are violations;
 # any: every link is followed (stage-cartridge reads them to write real files).
 Links = Literal["none", "cache", "any"]
+MAX_NAME, MAX_PATH = 255, 4095  # bytes: NAME_MAX and PATH_MAX - 1 of Linux file systems
 
 
 class PathViolation(Exception):
@@ -37,6 +38,12 @@ def relative_path_problem(rel: object) -> str | None:
         return "must be relative"
     if "\\" in rel or "\x00" in rel or any(ord(c) < 0x20 for c in rel):
         return "contains a backslash or control character"
+    try:
+        raw = rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode (a lone surrogate)"
+    if len(raw) > MAX_PATH or any(len(p.encode()) > MAX_NAME for p in rel.split("/")):
+        return f"is longer than file systems allow ({MAX_NAME} bytes a name, {MAX_PATH} a path)"
     parts = PurePosixPath(rel).parts
     if ".." in rel.split("/"):
         return "contains a '..' segment"
@@ -103,6 +110,8 @@ def open_inside(root: Path, rel: str, *, links: Links = "none") -> int:
                 st = os.stat(part, dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError as exc:
                 raise PathViolation("missing", f"{rel}: no such file") from exc
+            except OSError as exc:  # ENAMETOOLONG, ELOOP, EACCES ...
+                raise PathViolation("missing", f"{rel}: {exc.strerror or exc}") from exc
             if stat.S_ISLNK(st.st_mode):
                 shown = "/".join(parts[: i + 1])
                 if links == "none":
