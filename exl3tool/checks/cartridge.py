@@ -9,7 +9,7 @@ publishes (its root must match its own map); with `--hash` it is recomputed from
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from exl3tool.checks.cartridge_tensors import Geometry, check_tensors
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.cartridge import Cartridge, load_cartridge
+from exl3tool.io.safetensors import FileStamp
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.rules import cartridge as ca
 from exl3tool.rules.registry import Findings
@@ -36,6 +37,9 @@ class BaseInfo:
     hidden: int | None
     intermediate: int | None
     num_experts: int | None
+    # each shard's stamp when its header was read: stage-cartridge proves them unchanged
+    # before it publishes (issue 15 item 5)
+    inputs: dict[Path, FileStamp] = field(default_factory=dict)
 
     @property
     def geometry(self) -> Geometry | None:
@@ -93,7 +97,9 @@ def load_base_info(
             root, by_layer = ident.root, dict(ident.layers)
     hidden, inter, n = spec.base_sizes(ckpt.config)
     epl = tail.get("experts_per_layer")
-    return BaseInfo(base, k, root, by_layer, hidden, inter, epl if type(epl) is int else n)
+    experts = epl if type(epl) is int else n
+    inputs = {st.path: st.stamp for st in ckpt.shards.values()}
+    return BaseInfo(base, k, root, by_layer, hidden, inter, experts, inputs)
 
 
 def _match_base(cart: Cartridge, base: BaseInfo, findings: Findings) -> None:

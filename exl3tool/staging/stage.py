@@ -319,4 +319,21 @@ def stage_cartridge(
             _fail(findings, "runtime tables")
             raise
         (tmp / STAGING_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        prove_unchanged(src, binfo, findings)
+        _fail(findings, "an input changed while it was staged")
     return StageResult(out, findings, record)
+
+
+def prove_unchanged(src: Cartridge, base: BaseInfo, findings: Findings) -> None:
+    """The stability proof before publishing (issue 15 item 5): every adapter and base shard
+    still has the (dev, inode, size, mtime_ns) it had when it was read; else ST023 findings (a
+    staging record must not certify an identity the base no longer has)."""
+    from exl3tool.io.views import same_content, stamp_of_path
+
+    inputs = [(src.root / e.path, e.stamp, e.path) for e in src.entries]
+    inputs += [(p, st, str(p)) for p, st in base.inputs.items()]
+    for path, then, label in inputs:
+        now = stamp_of_path(path)
+        if now is None or not same_content(now, then):
+            what = "removed" if now is None else "changed"
+            findings.add(io_rules.ST_CHANGED, f"{what} while it was staged", file=label)
