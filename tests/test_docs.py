@@ -207,3 +207,20 @@ def test_every_rule_text_cites_existing_sections() -> None:
             if not _exists(sections, page, sec):
                 missing.append(f"{r.code}: {page}.md §{sec}")
     assert not missing, "\n".join(missing)
+
+
+def test_cartridge_rule_numbers_exist_in_msrt_section_9() -> None:
+    """CA/MB texts cite the runtime's numbered rules ("rule 17", "P7") of docs/formats/msrt.md §9."""
+    from exl3tool.rules.registry import all_rules
+
+    section9 = (FORMATS / "msrt.md").read_text().split("## 9.")[1].split("\n## 10.")[0]
+    numbered = set(re.findall(r"^\| (P?\d+) \|", section9, re.M))
+    assert {str(n) for n in range(1, 37)} | {f"P{n}" for n in range(1, 10)} == numbered
+    cited = set()
+    for r in all_rules():
+        if r.family in ("CA", "MB"):
+            text = f"{r.title} {r.why} {r.hint}"
+            for group in re.findall(r"\brules? (\d+(?:, \d+)*)", text):
+                cited |= set(group.split(", "))
+            cited |= set(re.findall(r"\b(P\d)\b", text))
+    assert cited and cited <= numbered
