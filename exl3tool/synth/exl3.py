@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from exl3tool.formats.exl3 import MCG_MARKER, MCG_MULTIPLIER, MUL1_MARKER, MUL1_MULTIPLIER
 from exl3tool.io.dtypes import TORCH_NAMES
 from exl3tool.io.st_writer import spec_of, write_arrays
+from exl3tool.synth.literals import MCG_MARKER, MCG_MULTIPLIER, MUL1_MARKER, MUL1_MULTIPLIER
 
 CODEBOOKS = ("mcg", "mul1", "3inst")
 

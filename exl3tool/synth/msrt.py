@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from exl3tool.formats import msrt_spec as spec
-from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.st_writer import write_arrays
+from exl3tool.synth import literals as lit
+from exl3tool.synth.literals import PROJECTIONS
 
 CODEBOOK_SCALE = 1.24371088  # exl3-format.md §4: quantizer's codebook_scale
 MCG_STD = 1.244112  # exl3-format.md §4: std of the MCG table = RMS of a random trellis decode
@@ -75,7 +75,7 @@ def _expert_tensors(
 ) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for pi, proj in enumerate(PROJECTIONS):
-        shape = spec.trellis_shape(proj, hidden, intermediate, k)
+        shape = lit.trellis_shape(proj, hidden, intermediate, k)
         trellis = _rng(seed, layer, expert, pi, _COMPONENT_IDS["trellis"]).integers(
             -32768, 32768, size=shape, dtype=np.int16
         )
@@ -85,10 +85,10 @@ def _expert_tensors(
         suh = (r.choice([-1.0, 1.0], n_in) * r.uniform(0.5, 1.5, n_in) * 0.02).astype(np.float16)
         r = _rng(seed, layer, expert, pi, _COMPONENT_IDS["svh"])
         svh = (r.choice([-1.0, 1.0], n_out) * r.uniform(0.5, 1.5, n_out)).astype(np.float16)
-        out[spec.base_key(layer, expert, proj, "trellis")] = trellis
-        out[spec.base_key(layer, expert, proj, "suh")] = suh
-        out[spec.base_key(layer, expert, proj, "svh")] = svh
-        out[spec.base_key(layer, expert, proj, "mcg")] = np.array(-877912083, dtype=np.int32)
+        out[lit.base_key(layer, expert, proj, "trellis")] = trellis
+        out[lit.base_key(layer, expert, proj, "suh")] = suh
+        out[lit.base_key(layer, expert, proj, "svh")] = svh
+        out[lit.base_key(layer, expert, proj, "mcg")] = np.array(lit.MCG_MARKER, dtype=np.int32)
     return out
 
 
@@ -119,14 +119,14 @@ def base_config(
     layers = sorted(layers)
     tail = {
         "format": "exl3-trellis",
-        "runtime_profile": spec.BASE_PROFILE,
+        "runtime_profile": lit.BASE_PROFILE,
         "bits": k,
         "codebook": "mcg",
         "moe_layers": [layers[0], layers[-1]],
         "moe_layer_coverage": list(layers),
-        "tensor_schema": spec.BASE_TENSOR_SCHEMA,
-        "tensor_parallel": json.loads(json.dumps(spec.BASE_TENSOR_PARALLEL)),
-        "mcg_multiplier": spec.MCG_MULTIPLIER,
+        "tensor_schema": lit.BASE_TENSOR_SCHEMA,
+        "tensor_parallel": json.loads(json.dumps(lit.BASE_TENSOR_PARALLEL)),
+        "mcg_multiplier": lit.MCG_MULTIPLIER,
         "compatibility_sha256": compatibility_sha256,
         "compatibility_by_layer": dict(compatibility_by_layer),
         "experts_per_layer": experts,
@@ -171,7 +171,7 @@ def build_base(
     The compatibility identity in config.json is computed from the written bytes by
     `exl3tool.identity.compat` (§6).
     """
-    if k not in spec.BASE_K:
+    if k not in lit.BASE_K:
         raise ValueError(f"base K must be in 2..6, got {k}")
     if hidden % 128 or intermediate % 128:
         raise ValueError("hidden and intermediate sizes must be multiples of 128")
@@ -299,7 +299,7 @@ def adapter_manifest(
         json.dumps({"chain": [list(c) for c in chain], "seed": seed}, sort_keys=True).encode()
     ).hexdigest()
     manifest = {
-        "schema": spec.ADAPTER_SCHEMA,
+        "schema": lit.ADAPTER_SCHEMA,
         "assembly": assembly,
         "base": {
             "label": base_label,
@@ -310,12 +310,12 @@ def adapter_manifest(
             },
         },
         "chain": chain_out,
-        **json.loads(json.dumps(spec.ADAPTER_CONSTANTS)),
+        **json.loads(json.dumps(lit.ADAPTER_CONSTANTS)),
         "tensor_parallel": {
             "layout": "full",
             "world_size": 1,
             "ranks": [0],
-            "axis_by_projection": dict(spec.AXIS_BY_PROJECTION),
+            "axis_by_projection": dict(lit.AXIS_BY_PROJECTION),
         },
         "shards": shards,
         "num_tensors": num_tensors,
@@ -342,11 +342,12 @@ def adapter_manifest(
         "tool_version": TOOL_VERSION,
         "created_utc": CREATED_UTC,
     }
-    return {f: manifest[f] for f in spec.ADAPTER_FIELDS}
+    return {f: manifest[f] for f in lit.ADAPTER_FIELDS}
 
 
 def write_adapter_config(out: Path, manifest: Mapping[str, Any]) -> None:
-    (Path(out) / spec.ADAPTER_CONFIG).write_bytes(spec.dump_manifest(manifest))
+    text = json.dumps(manifest, indent=2, ensure_ascii=True) + "\n"
+    (Path(out) / lit.ADAPTER_CONFIG).write_bytes(text.encode())
 
 
 def build_adapter(
@@ -378,7 +379,7 @@ def build_adapter(
     from exl3tool.rules.registry import Findings
 
     cfg = read_json(base / "config.json", Findings(), "config.json")
-    hidden, intermediate, n_experts = spec.base_sizes(cfg)
+    hidden, intermediate, n_experts = lit.config_sizes(cfg)
     if cfg is None or hidden is None or intermediate is None or n_experts is None:
         raise ValueError(f"{base}: not a base built by build_base (config.json sizes missing)")
     tail = cfg["hybrid_tr3_tail"]
@@ -420,12 +421,12 @@ def build_adapter(
                 for s, ((label, k), st) in enumerate(zip(chain, sets, strict=True)):
                     if e not in st.get(layer, ()):
                         continue
-                    shape = spec.trellis_shape(proj, hidden, intermediate, k)
+                    shape = lit.trellis_shape(proj, hidden, intermediate, k)
                     r = _rng(seed, layer, e, pi, _COMPONENT_IDS["trellis"], s + 1)
-                    tensors[spec.stage_key(layer, e, proj, 0, "trellis", label)] = r.integers(
+                    tensors[lit.stage_key(layer, e, proj, 0, "trellis", label)] = r.integers(
                         -32768, 32768, size=shape, dtype=np.int16
                     )
-                    tensors[spec.stage_key(layer, e, proj, 0, "scale", label)] = _stage_scale(
+                    tensors[lit.stage_key(layer, e, proj, 0, "scale", label)] = _stage_scale(
                         seed, layer, e, pi, s, stage_rms[s]
                     )
         if not tensors:
@@ -458,7 +459,7 @@ def refresh_shards(adapter: Path) -> dict[str, Any]:
     from exl3tool.rules.registry import Findings
 
     adapter = Path(adapter)
-    manifest = read_json(adapter / spec.ADAPTER_CONFIG, Findings(), spec.ADAPTER_CONFIG)
+    manifest = read_json(adapter / lit.ADAPTER_CONFIG, Findings(), lit.ADAPTER_CONFIG)
     n = 0
     for sh in manifest["shards"]:
         p = adapter / sh["path"]
@@ -505,18 +506,18 @@ def build_dense_reference(
             return torch.from_numpy(np.array(rd.array(ref_shard, info)))
 
         for layer in cart.manifest["selected_layers"]:
-            n_exp = spec.base_sizes(ckpt.config)[2] or 0
+            n_exp = lit.config_sizes(ckpt.config)[2] or 0
             for e in range(n_exp):
                 for pi, proj in enumerate(PROJECTIONS):
                     parts = {
-                        c: ckpt.tensors[spec.base_key(layer, e, proj, c)]
+                        c: ckpt.tensors[lit.base_key(layer, e, proj, c)]
                         for c in ("trellis", "suh", "svh")
                     }
                     t, su, sv = (arr(r.shard, r.info) for r in parts.values())
                     w = effective_weight(t, su, sv, "mcg").to(torch.float32)
                     for label in stages:
-                        tk = spec.stage_key(layer, e, proj, 0, "trellis", label)
-                        sk = spec.stage_key(layer, e, proj, 0, "scale", label)
+                        tk = lit.stage_key(layer, e, proj, 0, "trellis", label)
+                        sk = lit.stage_key(layer, e, proj, 0, "scale", label)
                         if tk not in cart.keys:
                             continue
                         ts = arr(*cart.keys[tk])

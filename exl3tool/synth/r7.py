@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from exl3tool.formats.exl3 import MCG_MARKER
-from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.st_writer import TensorSpec, build_header, write_arrays
 from exl3tool.io.strict_json import canonical_json
 from exl3tool.synth.exl3 import scales, trellis, write_json
+from exl3tool.synth.literals import MCG_MARKER, PROJECTIONS
 
 MARKER = "CODEX_ROUND7"
 RECIPE_VERSION = "tr3-v4-r7-draft-1"
