@@ -5,4 +5,8 @@
     from exl3tool.synth.exl3 import build_exl3, Exl3Spec    # plain tensor_storage EXL3
 
 Submodules are imported on demand so that `import exl3tool.synth` stays cheap.
+
+A testing boundary: nothing in the package imports synth (import-linter contract
+`synth-outside`), and synth writes the format values of its own `literals` module, never the
+checker's constants in `exl3tool.formats`.
 """
