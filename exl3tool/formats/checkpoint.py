@@ -66,8 +66,7 @@ class Checkpoint:
 
     def json_file(self, name: str, findings: Findings, **kw: Any) -> Any:
         """Read another JSON document of the artifact (manifests), if present."""
-        p = self.root / name
-        if not p.is_file():
+        if not present(self, name, findings):
             return None
         return _read_json(self, name, findings, **kw)
 
@@ -94,6 +93,26 @@ class Checkpoint:
                 scopes.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))
             self._rejected_scopes = frozenset(scopes)
         return loc.tensor in self._rejected_scopes
+
+
+def present(ckpt: Checkpoint, name: str, findings: Findings) -> bool:
+    """Whether the artifact holds the regular file `name`. Anything else at that name (a FIFO,
+    a directory, a device) is PA003, not "absent" (issue 15 item 6)."""
+    p = ckpt.root / name
+    try:
+        if p.is_file():
+            return True
+        exists = p.exists()  # a dangling link: absent (the loaders report links)
+    except OSError:  # a name too long for the file system, a loop of links
+        exists = True
+    if exists:
+        findings.add(io_rules.PA_NOT_REGULAR, "not a regular file", file=name)
+        if name in _LOADED:  # the loader's own files: what only repeats this is dropped
+            ckpt.rejected_files.add(name)
+    return False
+
+
+_LOADED = frozenset(("config.json", "quantization_config.json", INDEX_NAME))
 
 
 def _read_json(ckpt: Checkpoint, name: str, findings: Findings, **kw: Any) -> Any:
@@ -154,13 +173,13 @@ def load_checkpoint(path: Path, findings: Findings, *, need_config: bool = True)
     except OSError as exc:
         raise InputError(f"{path}: {exc.strerror}") from exc
     ckpt = Checkpoint(root=path)
-    if (path / "config.json").is_file():
+    if present(ckpt, "config.json", findings):
         ckpt.config = _read_json(ckpt, "config.json", findings)
     if ckpt.config is None and need_config and "config.json" not in ckpt.rejected_files:
         findings.add(ck.CK_CONFIG, "config.json is missing or unusable", file="config.json")
-    if (path / "quantization_config.json").is_file():
+    if present(ckpt, "quantization_config.json", findings):
         ckpt.quant_config = _read_json(ckpt, "quantization_config.json", findings)
-    if (path / INDEX_NAME).is_file():
+    if present(ckpt, INDEX_NAME, findings):
         ckpt.index = _read_json(ckpt, INDEX_NAME, findings)
         _load_indexed(ckpt, names, findings)
     else:

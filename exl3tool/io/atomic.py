@@ -163,10 +163,36 @@ def _publish(tmp: Path, target: Path, force: bool) -> None:
         _replace(tmp, target)
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    return rc == 0
+
+
 def _replace(tmp: Path, target: Path) -> None:
-    """Move tmp onto target; an existing target (only with force) is moved aside first and
-    removed after."""
-    if target.exists() or target.is_symlink():
+    """Move tmp onto target. An existing target (only with force) is replaced atomically: a
+    file by rename, a directory by an exchange (then the old tree, now at tmp, is removed), so
+    a kill at any moment leaves the old or the new output at target, never none."""
+    if not (target.exists() or target.is_symlink()):
+        try:
+            os.rename(tmp, target)
+        except OSError as exc:  # ENOTEMPTY/EEXIST: published by a writer outside our lock
+            raise OutputError(f"{target} exists; pass --force to replace it") from exc
+    elif not tmp.is_dir() and not target.is_dir():
+        os.replace(tmp, target)
+    elif _exchange(tmp, target):
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:  # no exchange: move aside, then rename (a kill between leaves the old in `.old-*`)
         trash, lock = _temp_dir(target, "old")
         try:
             os.rename(target, trash / "old")
@@ -178,11 +204,6 @@ def _replace(tmp: Path, target: Path) -> None:
         finally:
             shutil.rmtree(trash, ignore_errors=True)
             _unlock(lock)
-    else:
-        try:
-            os.rename(tmp, target)
-        except OSError as exc:  # ENOTEMPTY/EEXIST: published by a writer outside our lock
-            raise OutputError(f"{target} exists; pass --force to replace it") from exc
     fsync_path(target.parent)
 
 
@@ -191,6 +212,7 @@ def atomic_dir(target: Path, *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary directory that becomes `target` when the block succeeds."""
     target = Path(target).absolute()
     _check_target(target, force)
+    remove_stale_temps(target)  # a killed run's leftovers (GBs, maybe); never a live run's
     tmp, lock = _temp_dir(target, "tmp")
     try:
         yield tmp
