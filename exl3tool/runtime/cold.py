@@ -55,19 +55,28 @@ class ColdExpert:
 
 
 class _Files:
-    """safetensors files opened once, tensors read on demand (name -> file)."""
+    """Tensors read on demand (name -> file); files are opened when first needed and closed by
+    `release` (verify-swap calls it after each layer: the mapped pages of finished layers would
+    otherwise count in the process's RSS)."""
 
     def __init__(self, directory: Path, files: list[str]) -> None:
-        self.handles: list[Any] = [
-            safe_open(str(Path(directory) / f), framework="pt") for f in files
-        ]
-        self.where: dict[str, Any] = {}
-        for h in self.handles:
-            for name in h.keys():  # noqa: SIM118 - safe_open is not a mapping
-                self.where[name] = h
+        self.where: dict[str, str] = {}
+        self.handles: dict[str, Any] = {}
+        for f in files:
+            path = str(Path(directory) / f)
+            with safe_open(path, framework="pt") as h:
+                for name in h.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    self.where[name] = path
 
     def get(self, name: str) -> torch.Tensor:
-        return self.where[name].get_tensor(name)
+        path = self.where[name]
+        h = self.handles.get(path)
+        if h is None:
+            h = self.handles[path] = safe_open(path, framework="pt")
+        return h.get_tensor(name)
+
+    def release(self) -> None:
+        self.handles.clear()
 
 
 class ColdIndex:
@@ -106,6 +115,12 @@ class ColdIndex:
             self.stage_keys.setdefault((layer, expert, proj), []).append(
                 (label, parts[key], scales[key])
             )
+
+    def release(self) -> None:
+        """Close every open file (the next read reopens it)."""
+        self.base.release()
+        if self.adapter is not None:
+            self.adapter.release()
 
     def num_experts(self, layer: int) -> int:
         e = 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import shutil
 import tempfile
 import time
@@ -90,8 +91,15 @@ def stage_adapter(adapter: Path, base: Path, world_size: int, out: Path) -> tupl
     rank-sharded for TP); returns it and the source manifest's sha256 it recorded."""
     from exl3tool.staging.stage import stage_cartridge
 
+    # copy threads: each holds an 8 MiB buffer; ranks share the cores (a fixed memory overhead)
+    threads = max(2, (os.cpu_count() or 1) // world_size)
     result = stage_cartridge(
-        Path(adapter), Path(base), out=out, tp=world_size, reuse_base_identity=True
+        Path(adapter),
+        Path(base),
+        out=out,
+        tp=world_size,
+        threads=threads,
+        reuse_base_identity=True,
     )
     return out, str(result.staging["adapter_manifest_sha256"])
 

@@ -189,6 +189,9 @@ def _verify_layer(run: RankRun, L: int, i: int, progress: LayerProgress) -> bool
         run.add(L, exllamav3_check(opts, base, inp, dev, comm.rank) if i == 0 else _skip_ext())
     run.absorb(engine)
     engine.restore_base()
+    for index in (run.cold_a, run.cold_b):
+        if index is not None:
+            index.release()
     del engine, base
     return True
 
