@@ -1,0 +1,146 @@
+"""Symlinks that leave an artifact (PA006 warning for checkpoints and bases, PA002 error for
+adapter files) and root cause first: a JSON syntax error or a truncated shard is the one finding,
+not the start of a cascade (issue 12)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from exl3tool.actions.validate import validate_path
+from exl3tool.checks.options import ValidateOptions
+
+from .conftest import EXAMPLES
+
+
+def findings(path: Path, **options: object) -> list[tuple[str, str, str]]:
+    """(code, severity, file relative to `path`) of every finding of `validate path`."""
+    _, found = validate_path(path, ValidateOptions(**options))
+    out = []
+    for f in found:
+        file = f.location.file or ""
+        rel = os.path.relpath(file, path) if file.startswith(str(path)) else file
+        out.append((f.code, f.level.value, rel))
+    return out
+
+
+def errors_and_warnings(path: Path, **options: object) -> list[tuple[str, str, str]]:
+    return [f for f in findings(path, **options) if f[1] != "info"]
+
+
+@pytest.fixture
+def copy(tmp_path: Path):  # type: ignore[no-untyped-def]
+    def make(name: str) -> Path:
+        return Path(shutil.copytree(EXAMPLES / name, tmp_path / name))
+
+    return make
+
+
+def move_out(art: Path, name: str, link: str = "absolute") -> Path:
+    """Move `art/name` next to the artifact and leave a symlink in its place."""
+    outside = art.parent / f"outside-{name}"
+    shutil.move(art / name, outside)
+    (art / name).symlink_to(outside if link == "absolute" else os.path.relpath(outside, art))
+    return outside
+
+
+# --- symlinks -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "file"),
+    [("r7-tiny", "r7-experts-layer-001.safetensors"), ("msrt-base-tiny", "config.json")],
+)
+def test_a_link_leaving_a_checkpoint_is_one_warning(copy, name: str, file: str) -> None:
+    art = copy(name)
+    move_out(art, file, link="relative")
+    assert errors_and_warnings(art) == [("PA006", "warning", file)]
+
+
+def test_a_link_inside_the_artifact_is_a_file(copy) -> None:
+    art = copy("msrt-base-tiny")
+    (art / "sub").mkdir()
+    shutil.move(art / "tier_bitmap.json", art / "sub" / "tier_bitmap.json")
+    (art / "tier_bitmap.json").symlink_to("sub/tier_bitmap.json")
+    before = errors_and_warnings(art)
+    assert ("PA006", "warning", "tier_bitmap.json") not in before
+    assert "MB015" in {c for c, _, f in before if f == "sub/tier_bitmap.json"}  # unlisted file
+
+
+def test_a_nested_link_leaving_a_base_is_pa006(copy) -> None:
+    art = copy("msrt-base-tiny")
+    (art / "extra").mkdir()
+    (art.parent / "far.txt").write_text("x")
+    (art / "extra" / "far.txt").symlink_to(art.parent / "far.txt")
+    got = errors_and_warnings(art)
+    assert ("PA006", "warning", "extra/far.txt") in got
+
+
+def test_a_dangling_link_in_a_base_is_mb015_not_a_crash(copy) -> None:
+    art = copy("msrt-base-tiny")
+    (art / "gone.json").symlink_to(art / "nothing-here.json")
+    assert ("MB015", "error", "gone.json") in errors_and_warnings(art)
+
+
+def test_an_adapter_file_leaving_the_adapter_is_one_error(copy) -> None:
+    art = copy("cartridge-k3k4")
+    move_out(art, "adapter_config.json")
+    assert errors_and_warnings(art) == [("PA002", "error", "adapter_config.json")]
+
+
+# --- root cause first ------------------------------------------------------------------------
+
+
+def trailing_comma(path: Path) -> None:
+    text = path.read_text().rstrip()
+    assert text.endswith("}")
+    path.write_text(text[:-1].rstrip() + ",\n}\n")
+
+
+def test_a_base_config_with_a_trailing_comma_is_one_json_finding(copy) -> None:
+    art = copy("msrt-base-tiny")
+    trailing_comma(art / "config.json")
+    assert findings(art) == [("JS001", "error", "config.json")]
+
+
+def test_a_broken_config_of_an_r7_checkpoint_is_its_files_only_finding(copy) -> None:
+    art = copy("r7-tiny")  # the kind still comes from quantization_config.json
+    trailing_comma(art / "config.json")
+    got = [f for f in findings(art) if f[2] == "config.json"]
+    assert got == [("JS001", "error", "config.json")]  # no CK001 "missing or unusable"
+
+
+def test_a_broken_index_is_not_also_malformed(copy) -> None:
+    art = copy("msrt-base-tiny")
+    trailing_comma(art / "model.safetensors.index.json")
+    got = [f for f in errors_and_warnings(art) if f[2] == "model.safetensors.index.json"]
+    assert got == [("JS001", "error", "model.safetensors.index.json")]
+
+
+@pytest.mark.parametrize(
+    ("name", "shard"),
+    [
+        ("msrt-base-tiny", "model-layer-003.safetensors"),
+        ("r7-tiny", "r7-experts-layer-001.safetensors"),
+        ("r7-tiny", "model-carrier-00001-of-00001.safetensors"),
+    ],
+)
+@pytest.mark.parametrize("hash_", [False, True])
+def test_a_truncated_shard_is_one_finding(copy, name: str, shard: str, hash_: bool) -> None:
+    art = copy(name)
+    assert errors_and_warnings(art, hash=hash_) == []
+    os.truncate(art / shard, (art / shard).stat().st_size * 2 // 3)
+    assert errors_and_warnings(art, hash=hash_) == [("ST016", "error", shard)]
+
+
+def test_an_independent_defect_next_to_a_truncated_shard_is_still_reported(copy) -> None:
+    art = copy("msrt-base-tiny")
+    shard = art / "model-layer-003.safetensors"
+    os.truncate(shard, shard.stat().st_size * 2 // 3)
+    (art / "stray.safetensors").write_bytes((art / "model-dense.safetensors").read_bytes())
+    got = errors_and_warnings(art)
+    assert ("ST016", "error", shard.name) in got
+    assert ("CK006", "error", "stray.safetensors") in got  # not a consequence: still reported
