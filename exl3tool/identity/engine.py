@@ -3,9 +3,9 @@
 msrt-cartridge-format.md §11.1: hashlib and blake3 release the GIL for large buffers, so a pool
 of one-hasher-per-tensor workers scales with cores; a blake3 hasher is never shared between
 threads. Tensors too large to balance across the pool get a multi-threaded blake3 hasher.
-Each worker reads into one reusable buffer (no mmap: a file truncated under a mapping kills the
-process with SIGBUS), so resident memory stays near `threads x CHUNK` whatever the checkpoint
-size. Every file is stamped at open and verified unchanged after hashing (issue 15): a file that
+Each worker reads into reusable buffers (no mmap: a file truncated under a mapping kills the
+process with SIGBUS), so resident memory stays near `threads x READ` whatever the checkpoint
+size; small tensors of a file are read together, one pread per READ bytes. Every file is stamped at open and verified unchanged after hashing (issue 15): a file that
 shrank, changed or was replaced by a rename is `InputChanged` (exit 3), never a digest.
 """
 
@@ -25,10 +25,13 @@ from exl3tool.rules.errors import InputError, UsageError
 ALGORITHMS = ("blake3", "sha256")
 K = TypeVar("K", bound=Hashable)
 
-CHUNK = 8 << 20  # bytes per update for a one-thread hasher
-MT_CHUNK = 64 << 20  # bytes per update for a multi-threaded blake3 hasher
+# One pread fills a READ buffer that the hasher then reads while it is still in the core's L2
+# cache (larger buffers are slower: the copy and the hash each stream from memory).
+READ = 512 << 10
+SMALL = READ // 2  # one-segment jobs up to this size are read together, READ bytes at a time
 MT_MIN = 32 << 20  # smallest job worth a multi-threaded blake3 hasher
-DROP_EVERY = 32 << 20  # bytes a worker hashes between page drops and progress updates
+MT_READ = 16 << 20  # bytes per pread (and update) of a multi-threaded blake3 hasher
+DROP_EVERY = 32 << 20  # bytes a worker hashes between progress updates
 
 
 class Hasher(Protocol):
@@ -103,18 +106,11 @@ def _close_all(files: dict[Path, PayloadFile]) -> None:
 
 
 class _Tracker:
-    """One worker's bookkeeping: its reusable read buffer, and progress batched every
-    DROP_EVERY bytes."""
+    """One worker's progress, batched every DROP_EVERY bytes."""
 
     def __init__(self, progress: Any) -> None:
         self._progress = progress
         self._pending = 0
-        self._buf: memoryview | None = None
-
-    def buffer(self, n: int) -> memoryview:
-        if self._buf is None or len(self._buf) < n:
-            self._buf = memoryview(bytearray(max(n, CHUNK)))
-        return self._buf[:n]
 
     def note(self, n: int) -> None:
         self._pending += n
@@ -137,57 +133,148 @@ def _constructor(algo: str) -> Any:
     return blake3.blake3
 
 
-def _hash_job(
-    segments: Sequence[Segment],
-    algo: str,
-    hasher_threads: int,
-    files: dict[Path, PayloadFile],
-    track: _Tracker,
-    ctor: Any = None,
-) -> str:
-    for seg in segments:
-        f = files[seg.path]
-        if seg.end > f.size:
-            raise InputError(f"{seg.path}: payload [{seg.start}, {seg.end}) beyond {f.size} bytes")
-    if hasher_threads == 1 and ctor is not None and len(segments) == 1:
-        seg = segments[0]  # the common case: one tensor span, one update (GIL released)
-        if seg.nbytes <= CHUNK:
-            h = ctor(files[seg.path].read_into(track.buffer(seg.nbytes), seg.start))
-            track.note(seg.nbytes)
-            return h.hexdigest()
-    h = new_hasher(algo, hasher_threads)
-    chunk = MT_CHUNK if hasher_threads > 1 else CHUNK
-    for seg in segments:
-        f = files[seg.path]
-        pos = seg.start
-        while pos < seg.end:
-            n = min(chunk, seg.end - pos)
-            h.update(f.read_into(track.buffer(n), pos))
-            track.note(n)
-            pos += n
-    return h.hexdigest()
-
-
 class _NoProgress:
     def advance(self, n: int = 1) -> None:
         return None
 
 
-def _units(order: list[int], sizes: dict[int, int], heavy: int) -> list[list[int]]:
-    """Work units a worker takes at once: each heavy job alone, then runs of consecutive light
-    jobs of about DROP_EVERY bytes (few queue round trips; each worker's pages stay compact)."""
-    units: list[list[int]] = [[i] for i in order[:heavy]]
-    cur: list[int] = []
-    acc = 0
-    for i in order[heavy:]:
-        cur.append(i)
-        acc += sizes[i]
-        if acc >= DROP_EVERY:
-            units.append(cur)
-            cur, acc = [], 0
-    if cur:
-        units.append(cur)
-    return units
+class _Batch(NamedTuple):
+    """Small one-segment jobs of one file read with one pread: [lo, hi) and (start, end, job)."""
+
+    path: Path
+    lo: int
+    hi: int
+    jobs: list[tuple[int, int, int]]
+
+
+class _Job(NamedTuple):
+    """A job read in READ-sized windows (large, or several segments): index, hasher threads."""
+
+    index: int
+    threads: int
+
+
+def _batches(small: dict[Path, list[tuple[int, int, int]]]) -> list[_Batch]:
+    """Runs of consecutive small jobs whose hull fits one READ buffer, in file order."""
+    out: list[_Batch] = []
+    for path, spans in small.items():
+        spans.sort()  # (start, end, job): file order, C tuple comparisons
+        cur: list[tuple[int, int, int]] = []
+        lo = hi = 0
+        for span in spans:
+            if cur and span[1] - lo > READ:
+                out.append(_Batch(path, lo, hi, cur))
+                cur = []
+            if not cur:
+                lo = hi = span[0]
+            cur.append(span)
+            hi = max(hi, span[1])
+        if cur:
+            out.append(_Batch(path, lo, hi, cur))
+    return out
+
+
+class _Plan(NamedTuple):
+    units: list[_Job | _Batch]  # large jobs (largest first), then batches in file order
+    n_jobs: int
+
+
+def _plan(items: list[tuple[Segment, ...]], algo: str, threads: int) -> _Plan:
+    small: dict[Path, list[tuple[int, int, int]]] = {}
+    large: list[tuple[int, int]] = []  # (bytes, job)
+    total = 0
+    for i, segs in enumerate(items):
+        if len(segs) == 1:
+            path, start, end = segs[0]
+            n = end - start
+            if n <= SMALL:
+                small.setdefault(path, []).append((start, end, i))
+                total += n
+                continue
+        else:
+            n = sum(s.end - s.start for s in segs)
+        large.append((n, i))
+        total += n
+    fair = total / threads
+    large.sort(key=lambda t: -t[0])
+    units: list[_Job | _Batch] = []
+    for n, i in large:  # a blake3 job beyond half a fair share gets the whole pool
+        big = algo == "blake3" and threads > 1 and n >= MT_MIN and n > fair / 2
+        units.append(_Job(i, threads if big else 1))
+    units += _batches(small)
+    return _Plan(units, len(items))
+
+
+class _Worker:
+    """One thread's reusable read buffers (never a mapping: a file truncated under a mapping
+    kills the process with SIGBUS); resident memory stays near READ per file read at once."""
+
+    def __init__(self, files: dict[Path, PayloadFile], ctor: Any, algo: str, track: _Tracker):
+        self.files = files
+        self.ctor = ctor
+        self.algo = algo
+        self.track = track
+        self._free: list[bytearray] = []
+
+    def _buffer(self, size: int) -> bytearray:
+        if size == READ and self._free:
+            return self._free.pop()
+        return bytearray(size)
+
+    def batch(self, b: _Batch, out: list[Any]) -> None:
+        f = self.files[b.path]
+        if b.hi > f.size:
+            raise InputError(f"{b.path}: payload [{b.lo}, {b.hi}) beyond {f.size} bytes")
+        buf = self._buffer(READ)
+        try:
+            view = f.read_into(memoryview(buf)[: b.hi - b.lo], b.lo)
+            lo, ctor = b.lo, self.ctor
+            for start, end, i in b.jobs:
+                out[i] = ctor(view[start - lo : end - lo]).hexdigest()
+        finally:
+            self._free.append(buf)
+        self.track.note(b.hi - b.lo)
+
+    def _limits(self, segments: Sequence[Segment]) -> dict[Path, int]:
+        """Where each file's reads for this job end (a window never reads past it)."""
+        limit: dict[Path, int] = {}
+        for path, start, end in segments:
+            size = self.files[path].size
+            if end > size:
+                raise InputError(f"{path}: payload [{start}, {end}) beyond {size} bytes")
+            limit[path] = max(limit.get(path, 0), end)
+        return limit
+
+    def job(self, segments: Sequence[Segment], hasher_threads: int) -> str:
+        """Segments hashed in order through one read window per file: rank slices interleave
+        rows of several files, and each file is read one window at a time, not row by row."""
+        limit = self._limits(segments)
+        size = READ if hasher_threads == 1 else MT_READ
+        h = new_hasher(self.algo, hasher_threads)
+        bufs: dict[Path, bytearray] = {}
+        wins: dict[Path, tuple[int, int, memoryview]] = {}
+        try:
+            for path, start, end in segments:
+                pos = start
+                while pos < end:
+                    lo, hi, view = wins.get(path, _NO_WINDOW)
+                    if not lo <= pos < hi:
+                        buf = bufs.get(path) or bufs.setdefault(path, self._buffer(size))
+                        lo, hi = pos, min(limit[path], pos + size)
+                        view = self.files[path].read_into(memoryview(buf)[: hi - lo], lo)
+                        wins[path] = (lo, hi, view)
+                    take = min(end, hi)
+                    h.update(view[pos - lo : take - lo])
+                    self.track.note(take - pos)
+                    pos = take
+        finally:
+            wins.clear()
+            if size == READ:
+                self._free += bufs.values()
+        return h.hexdigest()
+
+
+_NO_WINDOW: tuple[int, int, memoryview] = (0, 0, memoryview(b""))
 
 
 def hash_segments(
@@ -199,71 +286,64 @@ def hash_segments(
 ) -> dict[K, str]:
     """Hex digest per job of the concatenation of its segments, jobs hashed in parallel.
 
-    A blake3 job larger than half its fair share of the work gets a hasher with `threads`
-    threads of its own. `expected`: the stamp each file had when its header was read; a file
-    that differs at open, or whose open file or path differs after hashing, is InputChanged.
+    Small one-segment jobs of a file are read together (one pread per READ bytes, then one
+    hasher per slice); a blake3 job larger than half its fair share of the work gets a hasher
+    with `threads` threads of its own. `expected`: the stamp each file had when its header was
+    read; a file that differs at open, or whose open file or path differs after hashing, is
+    InputChanged.
     """
     ctor = _constructor(algo)
     threads = max(1, threads or default_threads())
     prog = progress or _NoProgress()
-    items = [(key, tuple(segs)) for key, segs in jobs]
-    sizes = {i: sum(s.nbytes for s in segs) for i, (_, segs) in enumerate(items)}
-    total = sum(sizes.values())
-    fair = total / threads
-    # Heavy jobs first, largest first (balance); the rest in file order, so that each worker's
-    # batched page drops cover a compact range.
-    heavy = sorted((i for i in sizes if sizes[i] > fair / 8), key=lambda i: -sizes[i])
-    light = sorted(
-        (i for i in sizes if sizes[i] <= fair / 8),
-        key=lambda i: (str(items[i][1][0].path), items[i][1][0].start) if items[i][1] else ("", 0),
-    )
-    units = _units(heavy + light, sizes, len(heavy))
-
-    def hasher_threads(i: int) -> int:
-        big = algo == "blake3" and sizes[i] >= MT_MIN and sizes[i] > fair / 2
-        return threads if big and threads > 1 else 1
-
-    files = _open_all((seg.path for _, segs in items for seg in segs), expected)
-    digests: dict[int, str] = {}
+    keys: list[Any] = []
+    items: list[tuple[Segment, ...]] = []
+    for key, segs in jobs:
+        keys.append(key)
+        items.append(segs if type(segs) is tuple else tuple(segs))
+    plan = _plan(items, algo, threads)
+    files = _open_all((seg.path for segs in items for seg in segs), expected)
+    digests: list[Any] = [None] * plan.n_jobs
     errors: list[BaseException] = []
-    queue = iter(units)
+    queue = iter(plan.units)
     lock = threading.Lock()
 
     def worker() -> None:
-        track = _Tracker(prog)
+        w = _Worker(files, ctor, algo, _Tracker(prog))
         while not errors:
             with lock:
                 unit = next(queue, None)
             if unit is None:
                 break
             try:
-                for i in unit:
-                    digests[i] = _hash_job(items[i][1], algo, hasher_threads(i), files, track, ctor)
+                if type(unit) is _Batch:
+                    w.batch(unit, digests)
+                else:
+                    digests[unit.index] = w.job(items[unit.index], unit.threads)
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
                 break
-        track.flush()
+        w.track.flush()
 
     try:
-        n_workers = min(threads, len(units))
-        if n_workers <= 1:
-            worker()
-        else:
-            pool = [
-                threading.Thread(target=worker, name=f"exl3hash-{w}", daemon=True)
-                for w in range(n_workers)
-            ]
-            for t in pool:
-                t.start()
-            for t in pool:
-                t.join()
+        _run_pool(worker, min(threads, len(plan.units)))
         if errors:
             raise errors[0]
         for f in files.values():  # the stability proof: nothing changed while it was hashed
             f.verify_unchanged()
     finally:
         _close_all(files)
-    return {items[i][0]: digests[i] for i in range(len(items))}
+    return dict(zip(keys, digests, strict=True))
+
+
+def _run_pool(worker: Any, n: int) -> None:
+    if n <= 1:
+        worker()
+        return
+    pool = [threading.Thread(target=worker, name=f"exl3hash-{w}", daemon=True) for w in range(n)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
 
 
 def hash_tensors(

@@ -48,9 +48,10 @@ def shard(tmp_path: Path) -> Path:
 def test_tensors_match_reference(
     shard: Path, algo: str, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # tiny chunks and a tiny multi-thread threshold exercise every path on small data
-    monkeypatch.setattr(engine, "CHUNK", 4096)
-    monkeypatch.setattr(engine, "MT_CHUNK", 65536)
+    # tiny reads and a tiny multi-thread threshold exercise every path on small data
+    monkeypatch.setattr(engine, "READ", 4096)
+    monkeypatch.setattr(engine, "SMALL", 2048)
+    monkeypatch.setattr(engine, "MT_READ", 65536)
     monkeypatch.setattr(engine, "MT_MIN", 1024)
     monkeypatch.setattr(engine, "DROP_EVERY", 8192)
     st = read_header(shard, Findings())
@@ -64,6 +65,27 @@ def test_tensors_match_reference(
     assert got == want
     assert list(got) == list(st.tensors)  # input order kept
     assert counter.n == sum(t.nbytes for t in st.tensors.values())
+
+
+@pytest.mark.parametrize("algo", ["sha256", "blake3"])
+@pytest.mark.parametrize("read", [64, 4096, 1 << 20])
+def test_interleaved_segments_of_several_files(
+    tmp_path: Path, algo: str, read: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank-sliced rows: segments alternate between files, windows refill in any order, and
+    small jobs of two files share no batch."""
+    monkeypatch.setattr(engine, "READ", read)
+    monkeypatch.setattr(engine, "SMALL", read // 2)
+    rng = np.random.default_rng(7)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(rng.bytes(50_000))
+    b.write_bytes(rng.bytes(30_000))
+    rows = [Segment(p, o, o + 900) for o in range(0, 27_000, 900) for p in (a, b)]
+    jobs = [("rows", rows), ("back", [Segment(a, 40_000, 41_000), Segment(a, 100, 200)])]
+    jobs += [(f"s{i}", [Segment((a, b)[i % 2], i * 37, i * 37 + i % 50)]) for i in range(400)]
+    raw = {a: a.read_bytes(), b: b.read_bytes()}
+    want = {k: REF[algo](b"".join(raw[p][s:e] for p, s, e in segs)) for k, segs in jobs}
+    assert hash_segments(jobs, algo, threads=3) == want
 
 
 @pytest.mark.parametrize("algo", ["sha256", "blake3"])
