@@ -10,12 +10,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from exl3tool.formats import msrt_spec as spec
-from exl3tool.staging import stage
 from exl3tool.checks.cartridge import check_cartridge
 from exl3tool.checks.options import ValidateOptions
+from exl3tool.formats import msrt_spec as spec
 from exl3tool.rules.errors import OutputError
 from exl3tool.rules.registry import Findings
+from exl3tool.staging import stage
 from exl3tool.staging.stage import StageError, stage_cartridge
 from exl3tool.synth.msrt import build_base, refresh_shards, rewrite_shard
 
