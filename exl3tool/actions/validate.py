@@ -18,6 +18,7 @@ from typing import Any
 from exl3tool.actions.inputs import resolve_input, resolve_optional
 from exl3tool.checks.boundary import crash_rule, family_boundary
 from exl3tool.checks.options import ValidateOptions
+from exl3tool.checks.slices import rank_of_folder
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect, report_unusable_configs
 from exl3tool.report.model import ArtifactRef, Report
@@ -54,6 +55,10 @@ def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptio
 
         check_cartridge(path, findings, options)
         return {}
+    if kind is Kind.TP_SLICES:
+        from exl3tool.actions.validate_slices import check_slices_dir
+
+        return check_slices_dir(path, findings, options)
     if kind not in CHECKPOINT_KINDS:
         if report_unusable_configs(path, findings):
             return {}  # a config that does not parse is the root cause, not an unknown kind
@@ -67,6 +72,18 @@ def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptio
         )
         return {}
     ckpt = load_checkpoint(path, findings)
+    rank = rank_of_folder(path) if path.is_dir() else None
+    if rank is not None:  # a rank folder of a slice output: checked as that rank's slice
+        from exl3tool.actions.validate_slices import check_rank
+
+        return check_rank(ckpt, kind, rank, findings, options)
+    return check_checkpoint(ckpt, kind, findings, options)
+
+
+def check_checkpoint(
+    ckpt: Checkpoint, kind: Kind, findings: Findings, options: ValidateOptions
+) -> dict:
+    """The family checks and the runtime-conformance checks of a loaded checkpoint."""
     extra = _facts(ckpt)
     # Checks write to their own list: what only repeats a defect the loader reported (a JSON
     # syntax error, a truncated shard) is dropped, so the root cause stands alone.

@@ -19,7 +19,11 @@ class Kind(str, enum.Enum):
     MSRT_BASE = "msrt-base"
     CARTRIDGE = "cartridge"
     SAFETENSORS = "safetensors"
+    TP_SLICES = "tp-slices"  # an `exl3tool slice` output directory (its rank folders inside)
     UNKNOWN = "unknown"
+
+
+SLICES_MANIFEST = "exl3tool-slices.json"  # what `exl3tool slice` writes (tp/configs.py)
 
 
 def _quiet_json(path: Path) -> Any:
@@ -62,6 +66,8 @@ def detect(path: Path) -> Kind:
         return Kind.UNKNOWN
     if (path / "adapter_config.json").is_file():
         return Kind.CARTRIDGE
+    if (path / SLICES_MANIFEST).is_file() and not (path / "config.json").is_file():
+        return Kind.TP_SLICES
     config = _quiet_json(path / "config.json") if (path / "config.json").is_file() else None
     qc_path = path / "quantization_config.json"
     quant = _quiet_json(qc_path) if qc_path.is_file() else None
