@@ -182,3 +182,24 @@ def test_cartridge_layouts_share_one_identity(tmp_path: Path) -> None:
     assert b.problems == [] and len(a.tensors) == len(b.tensors) > 0
     same(a, b)
     assert not any(".rank" in n for n in b.tensors)
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("model.layers.12.mlp.gate.weight", "12"),
+        ("model.layers.007.x", "7"),
+        ("model.layers.0.x", "0"),
+        ("model.layers.1a.layers.3.x", "3"),
+        ("model.layers.5", "other"),
+        ("model.layers..x", "other"),
+        ("model.layers.\u0663.x", "other"),  # a non-ASCII digit is no layer number
+        ("x.layers.4.y", "4"),
+        ("lm_head.weight", "other"),
+    ],
+)
+def test_layer_key_fast_path_agrees_with_the_pattern(name: str, key: str) -> None:
+    from exl3tool.formats.names import layer_of
+
+    layer = layer_of(name)
+    assert layer_key(name) == key == ("other" if layer is None else str(layer))
