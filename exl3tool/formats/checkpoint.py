@@ -82,6 +82,8 @@ class Checkpoint:
         a rejected file, a damaged shard as a whole, or a rejected tensor (or the layer or
         module holding one: its facts were computed from an incomplete set)."""
         loc = finding.location
+        if finding.rule.code.startswith(("JS", "PA")):
+            return False  # the reason a document read during the checks was rejected: a root cause
         if loc.file in self.rejected_files:
             return True
         if loc.tensor is None:
