@@ -145,7 +145,7 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     RuntimeCheck(
         "Exl3MoEMethod._prepare_mixed_rank_sliced_weights", EXL3,
         "a mixed layer has exactly two bitrates",
-        ("RS021",), "three-tiers",
+        ("RS021", "TP012"), "three-tiers",
     ),
     RuntimeCheck(
         "Exl3MoEMethod._trellis_tile_config", EXL3,
@@ -271,7 +271,7 @@ RULE_OUTCOME = MappingProxyType(
         "CA043": _C,
         "ID007": _S,  # ranks would serve different replicated weights
         "ID010": _R, "ID012": _R,  # staging verifies the base identity
-        "TP001": _R, "TP011": _R,  # what the runtime refuses, predicted before slicing
+        "TP001": _R, "TP011": _R, "TP012": _R,  # runtime refusals, predicted before slicing
     }
 )  # fmt: skip
 

@@ -102,3 +102,12 @@ TP_SPARSE_LAYERS = rule(
     "expert tensors fails the load (Exl3MoEMethod.process_weights_after_loading).",
     "Slice with --layout per-rank (the base profile keeps its layer coverage).",
 )
+TP_TIERS = rule(
+    "TP012",
+    "rank-sliced-tiers",
+    E,
+    "Rank-sliced layout of a layer with more than two bitrates",
+    "A mixed rank-sliced layer runs on the one-grid mixed path, which requires exactly two "
+    "bitrates (Exl3MoEMethod._prepare_mixed_rank_sliced_weights; RS021 once written).",
+    "Slice with --layout per-rank (R7 layers keep their per-projection K there).",
+)

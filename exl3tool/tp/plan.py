@@ -374,6 +374,7 @@ def plan_slices(
     if layout == "rank-sliced":
         _check_uniform_expert_k(ckpt)
         _check_contiguous_layers(ckpt)
+        _check_two_tiers(ckpt)
     return _Planner(ckpt, kind, tp, mode, layout).build()
 
 
@@ -415,6 +416,26 @@ def _check_contiguous_layers(ckpt: Checkpoint) -> None:
         tensor=f"model.layers.{gaps[0]}.mlp.experts",
     )
     raise PlanRefused(f)
+
+
+def _check_two_tiers(ckpt: Checkpoint) -> None:
+    """The legacy profile's mixed path serves exactly two bitrates per layer (TP012)."""
+    ks: dict[int, set[int]] = {}
+    for name, ref in ckpt.tensors.items():
+        e = parse_expert(name) if name.endswith(".trellis") else None
+        if e is not None and len(ref.info.shape) == 3:
+            ks.setdefault(e.layer, set()).add(ref.info.shape[2] // 16)
+    bad = sorted(layer for layer, k in ks.items() if len(k) > 2)
+    if bad:
+        f = Findings()
+        f.add(
+            tp_rules.TP_TIERS,
+            f"layer {bad[0]} uses K {sorted(ks[bad[0]])}"
+            + (f" ({len(bad) - 1} more layers)" if len(bad) > 1 else "")
+            + ": the runtime's mixed rank-sliced path serves two; use --layout per-rank",
+            tensor=f"model.layers.{bad[0]}.mlp.experts",
+        )
+        raise PlanRefused(f)
 
 
 __all__ = ["attention_geometry", "plan_slices", "source_order"]

@@ -224,3 +224,29 @@ def test_cli_runtime_option(built: dict[str, Path]) -> None:
     assert public.exit_code == 1 and "RS020" in public.output
     assert cartridge.exit_code == 0
     assert bogus.exit_code == 2
+
+
+def _r7_uniform_experts(root: Path, ks_per_layer: int) -> Path:
+    from exl3tool.synth.r7 import build_r7
+
+    k_map = {
+        (layer, e, p): 3 + (e + layer) % ks_per_layer
+        for layer in (1, 2)
+        for e in range(4)
+        for p in ("gate_proj", "up_proj", "down_proj")
+    }
+    return build_r7(root, hidden=128, moe_intermediate=256, k_map=k_map)
+
+
+def test_rank_sliced_layout_with_three_bitrates_refused(tmp_path: Path) -> None:
+    from exl3tool.formats.checkpoint import load_checkpoint
+    from exl3tool.rules.registry import Findings
+    from exl3tool.tp.plan import plan_slices
+    from exl3tool.tp.slices import PlanRefused
+
+    three = load_checkpoint(_r7_uniform_experts(tmp_path / "three", 3), Findings())
+    with pytest.raises(PlanRefused) as err:
+        plan_slices(three, "r7", 2, layout="rank-sliced")
+    assert [f.code for f in err.value.findings] == ["TP012"]
+    two = load_checkpoint(_r7_uniform_experts(tmp_path / "two", 2), Findings())
+    assert plan_slices(two, "r7", 2, layout="rank-sliced").tp == 2

@@ -28,13 +28,14 @@ def exl3(root: Path) -> Path:
 
 
 def r7(root: Path, uniform: bool = True) -> Path:
-    """R7 with K per expert uniform over its projections (the rank-sliced profile needs that)."""
+    """R7 with K per expert uniform over its projections and two K per layer (what the
+    rank-sliced profile's runtime serves, TP012)."""
     k_map = {}
     if uniform:
         for layer in (1, 2):
             for e in range(4):
                 for proj in ("gate_proj", "up_proj", "down_proj"):
-                    k_map[(layer, e, proj)] = 3 + (e + layer) % 3
+                    k_map[(layer, e, proj)] = 3 + (e + layer) % 2
     return build_r7(root, hidden=128, moe_intermediate=INTER, k_map=k_map)
 
 
