@@ -59,6 +59,15 @@ def link_escape(root: Path, path: Path) -> str | None:
     try:
         if not os.path.islink(path):
             return None
+    except (OSError, ValueError):
+        return None
+    return _escape(root, path)
+
+
+def _escape(root: Path, path: Path) -> str | None:
+    """Why what `path` resolves to (through links at any component) lies outside `root` and the
+    hub cache's blobs/, or None (also for a target that does not exist: readers report it)."""
+    try:
         target = Path(os.path.realpath(path))
         if not target.exists():
             return None
@@ -75,7 +84,7 @@ def link_escape(root: Path, path: Path) -> str | None:
 def _open_link(root: Path, rel: str, shown: str, links: Links) -> int:
     """Open the file that the symlink path `root/rel` names, if `links` allows that target."""
     path = root / rel
-    problem = link_escape(root, path) if links == "cache" else None
+    problem = _escape(root, path) if links == "cache" else None
     if problem:
         raise PathViolation("symlink", f"{rel}: {shown} is a {problem}")
     target = os.path.realpath(path)
