@@ -211,8 +211,8 @@ def check_loaded(
     if cart.manifest is None:
         return
     check_manifest(cart.manifest, findings)
-    if cart.manifest.get("schema") != spec.ADAPTER_SCHEMA:
-        return
+    if cart.manifest.get("schema") != spec.ADAPTER_SCHEMA or cart.damaged:
+        return  # damaged shards: their own findings are the root cause; key checks would repeat it
     check_tensors(cart, findings, base.geometry if base is not None else None)
     if options.hash and not hashed:
         check_shard_hashes(cart, findings, options.threads)

@@ -94,6 +94,9 @@ class Cartridge:
     keys: dict[str, KeyRef] = field(default_factory=dict)
     entry_file: str | None = None  # a shard file passed instead of the directory
     links: Links = "cache"  # which symlinks are read like files (io.paths.Links)
+    # Listed shards whose keys are not all known (wrong size, unusable header, dropped entries):
+    # their own finding is the root cause, and the key checks are skipped (checks.cartridge).
+    damaged: set[str] = field(default_factory=set)
 
     def field(self, name: str, default: Any = None) -> Any:
         m = self.manifest
@@ -227,6 +230,7 @@ def _open_shards(cart: Cartridge, findings: Findings) -> None:
             fd = _open_listed(cart, rel, findings, ptr + "/path")
         except PathViolation as exc:
             findings.add(_PATH_RULES[exc.kind], str(exc), file=rel, pointer=ptr + "/path")
+            cart.damaged.add(rel)
             continue
         try:
             st = FileStamp.of(os.fstat(fd))
@@ -234,6 +238,7 @@ def _open_shards(cart: Cartridge, findings: Findings) -> None:
             os.close(fd)
         entry = ShardEntry(i, rel, sh.get("size"), sh.get("sha256"), st)
         cart.entries.append(entry)
+        cart.damaged.add(rel)  # until its header is read whole
         if type(entry.size) is int and entry.size != st.size:
             findings.add(
                 ca.CA_SHARD_SIZE,
@@ -241,6 +246,7 @@ def _open_shards(cart: Cartridge, findings: Findings) -> None:
                 file=rel,
                 pointer=ptr + "/size",
             )
+            continue  # truncated or grown: its header and keys would only repeat this
         try:
             header = read_header(cart.root / rel, findings, rel)
         except OSError as exc:
@@ -251,6 +257,8 @@ def _open_shards(cart: Cartridge, findings: Findings) -> None:
         if (header.stamp.dev, header.stamp.ino) != (st.dev, st.ino):
             findings.add(io_rules.ST_CHANGED, "file was replaced while it was opened", file=rel)
             continue
+        if not header.invalid_entries:
+            cart.damaged.discard(rel)
         cart.shards[rel] = header
     total = sum(e.stamp.size for e in cart.entries)
     if total > spec.MAX_TOTAL_BYTES:

@@ -144,3 +144,27 @@ def test_an_independent_defect_next_to_a_truncated_shard_is_still_reported(copy)
     got = errors_and_warnings(art)
     assert ("ST016", "error", shard.name) in got
     assert ("CK006", "error", "stray.safetensors") in got  # not a consequence: still reported
+
+
+@pytest.mark.parametrize("cut", [2 / 3, 1 / 2])
+def test_a_truncated_cartridge_shard_is_one_finding(copy, cut: float) -> None:
+    art = copy("cartridge-k3k4")
+    shard = art / "model-layer-003-b000.safetensors"
+    os.truncate(shard, int(shard.stat().st_size * cut))
+    assert errors_and_warnings(art) == [("CA004", "error", shard.name)]
+
+
+def test_a_missing_cartridge_shard_is_one_finding(copy) -> None:
+    art = copy("cartridge-k3k4")
+    (art / "model-layer-004-b000.safetensors").unlink()
+    assert errors_and_warnings(art) == [("PA001", "error", "model-layer-004-b000.safetensors")]
+
+
+def test_a_cartridge_shard_with_a_broken_header_is_one_finding(copy) -> None:
+    art = copy("cartridge-k3k4")
+    shard = art / "model-layer-003-b000.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[8] = ord("[")  # the header is no JSON object any more; the size is unchanged
+    shard.write_bytes(bytes(data))
+    got = errors_and_warnings(art)
+    assert len(got) == 1 and got[0][0].startswith("ST") and got[0][2] == shard.name, got
