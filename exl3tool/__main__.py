@@ -1,3 +1,3 @@
-from exl3tool.cli.main import main
+from exl3tool.cli import entry
 
-main()
+entry()

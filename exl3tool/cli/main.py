@@ -17,13 +17,16 @@ from exl3tool.cli import slice as slice_cmd
 from exl3tool.cli import stage as stage_cmd
 from exl3tool.cli import validate as validate_cmd
 from exl3tool.cli import verify_swap as verify_swap_cmd
+from exl3tool.cli.common import EXIT_HELP
 
 app = typer.Typer(
     name="exl3tool",
     help="Validate, identify, slice, stage and verify EXL3 checkpoints and MSRT cartridges.",
+    epilog=EXIT_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # subcommands inherit it
 )
 
 
@@ -57,4 +60,7 @@ app.command("rules")(rules_cmd.rules)
 
 
 def main() -> None:
-    app()
+    """Kept for the `exl3tool.cli.main:main` entry point of older installs."""
+    from exl3tool.cli import entry
+
+    entry()

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket
 import tempfile
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from exl3tool.rules.errors import Exl3ToolError
+from exl3tool.rules.errors import Exl3ToolError, Interrupted
 
 
 @dataclass
@@ -113,6 +116,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _quiet_signals() -> None:
+    """Ctrl-C reaches every rank (the terminal signals the whole process group), SIGTERM the
+    ranks the parent stops: a rank then leaves at once and quietly (128 + signal); the parent
+    prints the one line and removes the temporary files."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: os._exit(128 + signum))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while the ranks start. The ranks inherit the blocked mask (a
+    Ctrl-C while they import torch would print a traceback per rank) and take a pending signal
+    once `_quiet_signals` runs. This process defers its own (another thread may receive it) and
+    raises it again once every rank has its start-up data, so none is lost or half-sent."""
+    held = (signal.SIGINT, signal.SIGTERM)
+    main = threading.current_thread() is threading.main_thread()
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda n, _f: caught.append(n)) for s in held} if main else {}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(held))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
+
+
+def _stop(processes: list[Any]) -> None:
+    """Terminate the ranks still running and reap them (SIGKILL after 2 s: a rank still
+    importing torch holds SIGTERM until it can leave quietly)."""
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in processes:
+        proc.join(2)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
 def _worker(
     local_rank: int,
     world: int,
@@ -122,6 +168,7 @@ def _worker(
     arg: Any,
     result_dir: str,
 ) -> None:
+    _quiet_signals()
     dev = rank_device(device, local_rank)
     if device == "cpu":  # ranks share the host's cores: do not oversubscribe them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -174,15 +221,29 @@ def launch_local(fn: Callable[[Comm, Any], Any], arg: Any, world: int, device: s
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="exl3tool-tp-") as tmp:
+        started: list[Any] = []
         try:
-            mp.spawn(
-                _worker,
-                args=(world, free_port(), device, fn, arg, tmp),
-                nprocs=world,
-                join=True,
-            )
+            with _signals_held():
+                ctx = mp.start_processes(
+                    _worker,
+                    args=(world, free_port(), device, fn, arg, tmp),
+                    nprocs=world,
+                    join=False,
+                    start_method="spawn",
+                )
+                started = ctx.processes
+            while not ctx.join():
+                pass
         except mp.ProcessExitedException as exc:  # killed (OOM killer, a signal) or exited
+            _stop(started)
+            if exc.exit_code == 143 or exc.signal_name == "SIGTERM":
+                raise Interrupted(signal.SIGTERM) from None
+            if exc.exit_code == 130 or exc.signal_name == "SIGINT":
+                raise Interrupted(signal.SIGINT) from None
             raise worker_died(exc.error_index, exc.exit_code, exc.signal_name) from None
+        except BaseException:  # Ctrl-C or SIGTERM in this process: stop the ranks, then unwind
+            _stop(started)
+            raise
         results = []
         for r in range(world):
             with open(Path(tmp) / f"rank{r}.pkl", "rb") as fh:

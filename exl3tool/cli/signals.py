@@ -1,0 +1,39 @@
+"""SIGINT and SIGTERM at any moment: the stack unwinds (temp directories and atomic writers
+clean up), then one quiet line and exit 130 (Ctrl-C) or 143 (SIGTERM). Installed by the
+console entry point before the heavy imports, so a Ctrl-C during start-up is quiet too."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from types import FrameType
+
+from exl3tool.rules.errors import Interrupted
+
+_fired = False
+
+
+def _handler(signum: int, _frame: FrameType | None) -> None:
+    global _fired
+    if _fired:  # a second signal while cleaning up: leave now
+        os._exit(128 + signum)
+    _fired = True
+    raise Interrupted(signum)
+
+
+def install() -> None:
+    """Route SIGINT and SIGTERM to `Interrupted` (main thread only, as Python requires)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _handler)
+
+
+def say(exc: BaseException) -> int:
+    """Write the one line for an interruption; its exit code."""
+    code = exc.exit_code if isinstance(exc, Interrupted) else 130
+    try:
+        sys.stderr.write(f"exl3tool: {'terminated' if code == 143 else 'interrupted'}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    return code
