@@ -260,3 +260,24 @@ def test_fast_path_agrees_on_metadata(meta: str) -> None:
     raw = body.encode().ljust(-(-len(body) // 8) * 8)
     fast, full = _both_paths(struct.pack("<Q", len(raw)) + raw + bytes(8))
     assert fast == full
+
+
+@settings(max_examples=80, deadline=None)
+@given(tensor_sets(), st.dictionaries(_NAME, st.text(max_size=8), max_size=3))
+def test_compact_scan_takes_writer_headers(tensors: dict[str, np.ndarray], meta: dict) -> None:
+    """The regex scan (no JSON objects built) takes every compact header whose names and
+    metadata need no escapes, and returns what the JSON round-trip path returns."""
+    import json
+
+    buf = io.BytesIO()
+    write_arrays(buf, tensors, metadata=meta or None)
+    raw = buf.getvalue()
+    (n,) = struct.unpack("<Q", raw[:8])
+    text = raw[8 : 8 + n].decode()
+    got = stmod._scan_compact(text)
+    body = text.rstrip(" ")
+    plain = body == json.dumps(json.loads(body), separators=(",", ":"), ensure_ascii=False)
+    if tensors and plain and "\\" not in body and ".." not in body:
+        assert got is not None and not any(is_unsafe_name(k) for k in got[0])
+    if got is not None:
+        assert got == stmod._round_trip(text)
