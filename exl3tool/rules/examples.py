@@ -261,6 +261,7 @@ EXAMPLES = MappingProxyType(
         "TP009": "slice --tp 2 of a directory whose config.json does not parse",
         "TP010": "a source shard rewritten while slice --tp 2 reads it",
         "TP011": "slice --tp 2 --layout rank-sliced of a base whose MoE layers are 3 and 5",
+        "TP012": "slice --tp 2 --layout rank-sliced of an R7 layer with gate K 3, up K 4, down K 5",
         # --- GT: pre-publish gate ---------------------------------------------------------
         "GT001": 'exl3tool.toml: [[artifacts]] pth = "models/base" (misspelt path)',
         "GT002": 'exl3tool.toml: [[artifacts]] path = "models/bsae"',
