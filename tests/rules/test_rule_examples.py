@@ -20,7 +20,7 @@ CODE = re.compile(r"\b(?:R7|[A-Z]{2})\d{3}\b")
 
 def test_every_rule_has_an_example() -> None:
     missing = [r.code for r in RULES if not r.example.strip()]
-    assert missing == []
+    assert missing == [], "add an example per new rule to exl3tool/rules/examples.py"
     assert all(r.example == EXAMPLES[r.code] for r in RULES)
 
 
