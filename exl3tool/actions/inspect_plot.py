@@ -26,6 +26,14 @@ def _ticks(n: int, most: int = 12) -> list[int]:
     return list(range(0, n, step))
 
 
+def k_colours(ks: list[int]) -> list[tuple[float, float, float, float]]:
+    """One discrete colour per K value present (viridis, spread over the values)."""
+    import matplotlib.pyplot as plt
+
+    palette = plt.get_cmap("viridis", max(len(ks), 2))
+    return [palette(i) for i in range(len(ks))]
+
+
 def plot_k(grid: Grid, out: Path, title: str, *, force: bool = False) -> None:
     """Draw the heatmap into `out` (PNG); never replaces `out` without `force`."""
     import matplotlib.pyplot as plt
@@ -42,8 +50,7 @@ def plot_k(grid: Grid, out: Path, title: str, *, force: bool = False) -> None:
     row = {layer: i for i, layer in enumerate(layers)}
     ks = sorted(set(grid.values()))
     # one colour per K present: index into the K list, boundaries halfway between indices
-    palette = plt.get_cmap("viridis", max(len(ks), 2))
-    cmap = ListedColormap([palette(i) for i in range(len(ks))])
+    cmap = ListedColormap(k_colours(ks))
     norm = BoundaryNorm([i - 0.5 for i in range(len(ks) + 1)], len(ks))
     index = {k: i for i, k in enumerate(ks)}
     fig, axes = plt.subplots(

@@ -26,7 +26,7 @@ GT_HF_NOT_CACHED = rule(
     E,
     "Hugging Face id is not in the local cache",
     "check resolves org/name[@revision] offline, from the local Hugging Face cache only.",
-    "Run `huggingface-cli download org/name --revision REV` first, or pass a local directory.",
+    "Run `hf download org/name --revision REV` first, or pass a local directory.",
 )
 GT_HF_UNAVAILABLE = rule(
     "GT004",
