@@ -26,7 +26,8 @@ def load_ext() -> tuple[Any | None, str]:
     try:
         from exllamav3.ext import exllamav3_ext as ext
     except Exception as exc:  # not installed, or the extension cannot load
-        return None, f"exllamav3 is not importable ({type(exc).__name__}: {exc})"
+        why = f"{type(exc).__name__}: {exc}"
+        return None, f"exllamav3 is not importable ({why}); pip install 'exl3tool[cuda]'"
     return ext, ""
 
 
