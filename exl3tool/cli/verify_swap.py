@@ -58,7 +58,7 @@ def verify_swap(
     A hot load equals a cold build, unloading and rollbacks restore the base bit for bit, and
     TP slices reassemble; exit 0 only if every check passes. A --tp the geometry does not
     divide is refused before any rank starts (exit 1). Needs torch: pip install
-    'exl3tool[runtime]' (exit 2 without it)."""
+    'exl3tool\\[runtime]' (exit 2 without it)."""
     from exl3tool.actions import verify_swap as action
     from exl3tool.report.render import emit
 

@@ -27,6 +27,7 @@ from exl3tool.identity.engine import (
     tensor_segment,
 )
 from exl3tool.identity.logical import LogicalPlan, PlanProblem, build_plan
+from exl3tool.io.gcpause import paused_gc
 from exl3tool.io.strict_json import canonical_json
 from exl3tool.rules.errors import UsageError
 
@@ -212,8 +213,9 @@ def compute_identity(
         plan = build_plan(ckpt)
     plan = select(plan, layers)
     stamps = shard_stamps(ckpt.shards.values()) if ckpt is not None else None
-    digests = hash_segments(identity_jobs(plan), algo, threads, progress, stamps)
-    ident = identity_from_digests(plan, digests, algo, selection=selection)
+    with paused_gc():
+        digests = hash_segments(identity_jobs(plan), algo, threads, progress, stamps)
+        ident = identity_from_digests(plan, digests, algo, selection=selection)
     if compat is not False:
         from exl3tool.identity.compat import compat_identity, stray_ranks
 

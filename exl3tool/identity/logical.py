@@ -24,6 +24,7 @@ from pathlib import Path
 
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.identity.engine import Segment, tensor_segment
+from exl3tool.io.gcpause import paused_gc
 
 RANKED_RE = re.compile(
     r"^(?P<prefix>model\.layers\.(?:0|[1-9][0-9]*)\.mlp\.experts\.(?:0|[1-9][0-9]*|shared_h)"
@@ -154,6 +155,11 @@ def _plain_tensors(plain: dict[str, TensorRef]) -> dict[str, LogicalTensor]:
 
 def build_plan(ckpt: Checkpoint) -> LogicalPlan:
     """Resolve a checkpoint's tensors to logical tensors (no payload byte is read)."""
+    with paused_gc():
+        return _build_plan(ckpt)
+
+
+def _build_plan(ckpt: Checkpoint) -> LogicalPlan:
     plan = LogicalPlan()
     ranked: dict[str, dict[int, TensorRef]] = {}
     plain: dict[str, TensorRef] = {}

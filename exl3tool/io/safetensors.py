@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from exl3tool.io.dtypes import BITS
+from exl3tool.io.gcpause import paused_gc
 from exl3tool.io.strict_json import has_lone_surrogate, raw_decode, walk_issues
 from exl3tool.rules import io as rules
 from exl3tool.rules.registry import Findings
@@ -132,8 +133,9 @@ def read_header(path: Path, findings: Findings, label: str | None = None) -> Saf
             findings.add(rules.ST_CHANGED, "file shrank while reading the header", file=label)
             return None
     out = SafetensorsFile(path, label, size, n, FileStamp.of(st))
-    if not _parse_header(raw, out, findings):
-        return None
+    with paused_gc():
+        if not _parse_header(raw, out, findings):
+            return None
     _check_layout(out, findings)
     return out
 
