@@ -27,7 +27,7 @@ EXIT_HELP = (
 )
 
 REPORT_FORMATS = ("text", "json", "sarif", "junit")
-ARTIFACT_HELP = "a path, or org/name[@revision] in the local Hugging Face cache"
+ARTIFACT_HELP = "a path, or org/name\\[@revision] in the local Hugging Face cache"
 
 
 def _format_help(choices: tuple[str, ...], what: str = "Output format") -> Any:

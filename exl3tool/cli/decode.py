@@ -34,7 +34,7 @@ def decode(
 ) -> None:
     """Decode one EXL3 linear to fp16 in HF orientation (out, in), bit-exact with exllamav3.
 
-    Needs torch: pip install 'exl3tool[runtime]' (exit 2 without it)."""
+    Needs torch: pip install 'exl3tool\\[runtime]' (exit 2 without it)."""
     from exl3tool.actions import decode as action
     from exl3tool.report.render import emit
 

@@ -192,3 +192,22 @@ def test_inspect_plot_of_a_uniform_base_uses_one_colour(tmp_path: Path, monkeypa
     assert images and all(im.cmap.N == 1 for im in images)
     axes = images[0].axes
     assert all(float(t).is_integer() for t in axes.get_xticks())
+
+
+@pytest.mark.parametrize(
+    ("command", "text"),
+    [
+        ("validate", "org/name[@revision]"),
+        ("identity", "org/name[@revision]"),
+        ("inspect", "org/name[@revision]"),
+        ("diff", "org/name[@revision]"),
+        ("slice", "org/name[@revision]"),
+        ("stage-cartridge", "org/name[@revision]"),
+        ("check", "org/name[@revision]"),
+        ("decode", "exl3tool[runtime]"),
+        ("verify-swap", "exl3tool[runtime]"),
+    ],
+)
+def test_help_prints_brackets_literally(command: str, text: str) -> None:
+    out = run(command, "--help", env=WIDE).output
+    assert text in out
