@@ -188,6 +188,9 @@ def materialize_layer(
     )
 
 
+MAX_TABLE_EXPERTS = 1 << 16  # far above any MoE's routed experts (256-512 in 2026)
+
+
 def materialize_tables(
     cartridge: Cartridge, *, rank: int = 0, world_size: int = 1, num_experts: int | None = None
 ) -> dict[int, LayerTables]:
@@ -201,6 +204,8 @@ def materialize_tables(
         selected = cartridge.field("selected_experts") or []
         ids = [e for e in selected if type(e) is int]
         num_experts = max(ids) + 1 if ids else 0
+    if not 0 <= num_experts <= MAX_TABLE_EXPERTS:  # [S, E] tables: E is a declared count
+        raise TablesError(f"{num_experts} routed experts: beyond {MAX_TABLE_EXPERTS} (tables)")
     per_layer = _keys_for_rank(cartridge, rank, world_size)
     with TensorReader() as reader:
         return {

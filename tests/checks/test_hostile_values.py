@@ -160,3 +160,25 @@ def test_bits_not_finite_base(tmp_path: Path, bits: float) -> None:
 def test_valid_twins_are_clean(tmp_path: Path, base: Path) -> None:
     for art in (build_r7(tmp_path / "r7"), build_rank_sliced(tmp_path / "rs"), base):
         assert "CK098" not in _codes(art)
+
+
+def test_r7_moe_layers_beyond_memory(tmp_path: Path) -> None:
+    """bit_map_manifests compared with a layer range of 10^12: the expected list was built."""
+    art = build_r7(tmp_path / "r7")
+    qc = art / "quantization_config.json"
+    _edit_json(qc, lambda q: q["r7_routed_experts"].__setitem__("moe_layers", [1, 10**12]))
+    assert "R7010" in _codes(art)
+
+
+def test_stage_on_a_base_declaring_10_12_experts(tmp_path: Path, base: Path) -> None:
+    """The runtime tables are [stages, experts]: a declared 10^12 experts is refused."""
+    from exl3tool.staging.stage import StageError, stage_cartridge
+
+    cart = build_adapter(tmp_path / "c", base)
+    big = build_base(tmp_path / "big")
+    _edit_json(
+        big / "config.json", lambda c: c["hybrid_tr3_tail"].__setitem__("experts_per_layer", 10**12)
+    )
+    with pytest.raises(StageError) as err:
+        stage_cartridge(cart, big, out=tmp_path / "out", threads=1)
+    assert not [f for f in err.value.findings if f.rule.code.endswith("099")]

@@ -40,15 +40,23 @@ class Raw:
 
 
 def dumps(value: Any) -> str:
-    """JSON text that may hold what `json.dumps` refuses: duplicates, NaN, raw tokens."""
+    """JSON text that may hold what `json.dumps` refuses: duplicates and raw tokens (NaN and
+    Infinity it writes itself; lone surrogates become `\\ud800` escapes)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return _dumps(value)
+
+
+def _dumps(value: Any) -> str:
     if isinstance(value, Raw):
         return value.text
     if isinstance(value, Dup):
-        return "{" + ",".join(f"{json.dumps(k)}:{dumps(v)}" for k, v in value.pairs) + "}"
+        return "{" + ",".join(f"{json.dumps(k)}:{_dumps(v)}" for k, v in value.pairs) + "}"
     if isinstance(value, dict):
-        return "{" + ",".join(f"{json.dumps(str(k))}:{dumps(v)}" for k, v in value.items()) + "}"
+        return "{" + ",".join(f"{json.dumps(str(k))}:{_dumps(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
-        return "[" + ",".join(dumps(v) for v in value) + "]"
+        return "[" + ",".join(_dumps(v) for v in value) + "]"
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     return json.dumps(value)
@@ -76,8 +84,10 @@ STR_EDITS = (
 
 
 def _nodes(value: Any, path: tuple = ()) -> list[tuple]:
-    """Every path into a JSON value (dict keys and list indices)."""
+    """Every path into a JSON value (dict keys and list indices), 32 levels deep at most."""
     out = [path]
+    if len(path) >= 32:
+        return out
     if isinstance(value, dict):
         for k, v in value.items():
             out.extend(_nodes(v, (*path, k)))
@@ -294,6 +304,9 @@ def mutate_safetensors(rng: random.Random, data: bytes) -> tuple[bytes, str]:
 def mutate_layout(rng: random.Random, layout: Layout) -> str:
     """Mutate one node of `layout` in place; returns what was done."""
     files = sorted(layout)
+    if not files:  # everything was removed: start again from an empty config
+        layout["config.json"] = b"{}"
+        return "config.json: layout create"
     rel = rng.choice(files)
     node = layout[rel]
     r = rng.random()

@@ -32,7 +32,7 @@ from tests.fuzz.targets import (
     snapshot,
 )
 
-BAD = ("uncaught", "timeout", "memory", "signal")
+BAD = ("uncaught", "timeout", "memory", "signal", "harness")
 
 
 class CaseTimeout(BaseException):
@@ -43,6 +43,7 @@ class CaseTimeout(BaseException):
 class Limits:
     timeout: float = 10.0
     memory: int = 1 << 30
+    grace: float = 5.0  # the parent kills a worker silent for timeout + grace seconds
 
 
 @dataclass
@@ -96,10 +97,13 @@ class World:
 def _one(world: World, seed: int, index: int, work: Path, limits: Limits) -> tuple[str, str]:
     from exl3tool.rules.errors import Exl3ToolError
 
-    case = make_case(seed, index, world.layouts)
-    clean(work)
-    art = work / "a"
-    materialize(case.layout, art)
+    try:
+        case = make_case(seed, index, world.layouts)
+        clean(work)
+        art = work / "a"
+        materialize(case.layout, art)
+    except Exception as exc:  # a bug of the harness, not of exl3tool: reported apart
+        return "harness", f"{type(exc).__name__}: {exc!s:.200}"
     signal.setitimer(signal.ITIMER_REAL, limits.timeout)
     try:
         hit = crashed(call_entry(case, art, world.pristine, work / "out"))
@@ -114,8 +118,9 @@ def _one(world: World, seed: int, index: int, work: Path, limits: Limits) -> tup
         tb = traceback.extract_tb(exc.__traceback__)[-3:]
         at = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(tb))
         return "uncaught", f"{case.entry} {case.what} -> {type(exc).__name__}: {exc!s:.200} at {at}"
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:  # an alarm landing here (after the call returned) is not the case's
+        with contextlib.suppress(CaseTimeout):
+            signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -123,6 +128,9 @@ def _alarm(signum: int, frame: Any) -> None:
 
 
 def _child(world: World, seed: int, cases: list[int], work: Path, wfd: int, limits: Limits) -> None:
+    import faulthandler
+
+    faulthandler.disable()  # a signal death is classified here, not dumped on pytest's stderr
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -260,7 +268,7 @@ def _loop(
             slot = _fork(world, seed, queue.pop(0), free.pop(), limits)
             live[slot.fd] = slot
             sel.register(slot.fd, selectors.EVENT_READ)
-        for key, _ in sel.select(timeout=1.0):
+        for key, _ in sel.select(timeout=min(1.0, limits.grace)):
             slot = live[key.fd]
             if not _drain(slot, summary):
                 sel.unregister(slot.fd)
@@ -273,7 +281,7 @@ def _loop(
                     progress(summary)
         now = time.monotonic()
         for slot in list(live.values()):
-            if now - slot.last > limits.timeout + 5:  # stuck outside Python: kill it
+            if now - slot.last > limits.timeout + limits.grace:  # stuck outside Python: kill it
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(slot.pid, signal.SIGKILL)
                 slot.last = now + 3600
