@@ -1,6 +1,6 @@
 """CI checks of the package as users get it (run by .ci/run).
 
-    python wheel_check.py contents WHEEL      what the wheel ships and requires
+    python wheel_check.py contents WHEEL SRC  what the wheel built from SRC ships and requires
     python wheel_check.py hook YAML           the pre-commit hook installs without torch
     python wheel_check.py commands EXAMPLES   the core commands on copies of the bundled examples,
                                               from the current directory (outside the checkout),
@@ -38,15 +38,16 @@ sys.meta_path.insert(0, _Heavy())
 """
 
 
-def contents(wheel: Path) -> None:
-    """Every schema and data file of the package is in the wheel; the core needs no torch."""
+def contents(wheel: Path, source: Path = ROOT) -> None:
+    """Every file of the package in `source` (schemas, data) is in the wheel; the core needs no
+    torch."""
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
         meta = email.message_from_bytes(z.read(meta_name))
     shipped = {
-        p.relative_to(ROOT).as_posix()
-        for p in (ROOT / "exl3tool").rglob("*")
+        p.relative_to(source).as_posix()
+        for p in (source / "exl3tool").rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     }
     missing = sorted(shipped - names)
@@ -122,8 +123,10 @@ def commands(ex: Path) -> None:
     _run(["slice", str(base), "--tp", "2", "-o", "sliced"], 0, env)
     _run(["rules"], 0, env)
     _run(["check", "--config", str(_check_config(ex))], 0, env)
-    # the runtime commands name their extra in one line (exit 2) instead of a traceback
-    _run(["verify-swap", str(base), str(cart)], 2, env, says="exl3tool[runtime]")
+    script = Path(sys.executable).parent / "exl3tool"  # the console entry point of the wheel
+    out = subprocess.run([str(script), "validate", str(r7)], capture_output=True, env=env)
+    assert out.returncode == 0, f"{script} validate: exit {out.returncode}\n{out.stderr!r}"
+    print(f"ok  exit 0  {script.name} validate (console script)")
     hook = [sys.executable, "-m", "exl3tool.actions.gate.precommit", str(r7 / "config.json")]
     out = subprocess.run(hook, capture_output=True, text=True, env=env)
     assert out.returncode == 0, f"pre-commit hook entry: exit {out.returncode}\n{out.stderr}"
@@ -131,8 +134,10 @@ def commands(ex: Path) -> None:
     heavy = log.read_text().split() if log.exists() else []
     assert not heavy, f"torch-free commands tried to import: {sorted(set(heavy))}"
     print("no command imported torch, triton or exllamav3")
+    # the runtime commands look for torch and name their extra in one line (exit 2)
+    _run(["verify-swap", str(base), str(cart)], 2, env, says="exl3tool[runtime]")
 
 
 if __name__ == "__main__":
-    what, arg = sys.argv[1], Path(sys.argv[2])
-    {"contents": contents, "hook": hook, "commands": commands}[what](arg)
+    what, *args = sys.argv[1:]
+    {"contents": contents, "hook": hook, "commands": commands}[what](*map(Path, args))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -54,32 +55,41 @@ def test_make_installs_the_cpu_torch_first_then_the_runtime_extra() -> None:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The wheel of a private copy of the sources (setuptools' build/ in the checkout would be
+    shared with concurrent runs and could hold stale modules)."""
+    src, out = tmp_path_factory.mktemp("src") / "exl3tool", tmp_path_factory.mktemp("dist")
+    junk = shutil.ignore_patterns(
+        ".git", "build", "dist", "*.egg-info", "__pycache__", ".*cache", ".hypothesis",
+        "demo-out", ".bench", ".devcache", ".whl", ".install.stamp",
+    )  # fmt: skip
+    shutil.copytree(ROOT, src, ignore=junk, symlinks=True)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(out), str(ROOT)],
+         "-w", str(out), str(src)],
         check=True, capture_output=True,
     )  # fmt: skip
-    return next(out.glob("exl3tool-*.whl"))
+    return next(out.glob("exl3tool-*.whl")), src
 
 
-def test_the_wheel_ships_every_package_file_and_requires_no_torch(wheel: Path) -> None:
-    wheel_check.contents(wheel)
-    with zipfile.ZipFile(wheel) as z:
+def test_the_wheel_ships_every_package_file_and_requires_no_torch(wheel: tuple) -> None:
+    whl, src = wheel
+    wheel_check.contents(whl, src)
+    with zipfile.ZipFile(whl) as z:
         names = set(z.namelist())
-    schemas = {p.name for p in (ROOT / "exl3tool" / "schemas").glob("*.json")}
+    schemas = {p.name for p in (src / "exl3tool" / "schemas").glob("*.json")}
     assert schemas and {f"exl3tool/schemas/{s}" for s in schemas} <= names
 
 
-def test_the_wheel_check_notices_a_missing_schema(wheel: Path, tmp_path: Path) -> None:
-    bad = tmp_path / wheel.name
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(bad, "w") as dst:
+def test_the_wheel_check_notices_a_missing_schema(wheel: tuple, tmp_path: Path) -> None:
+    whl, source = wheel
+    bad = tmp_path / whl.name
+    with zipfile.ZipFile(whl) as src, zipfile.ZipFile(bad, "w") as dst:
         for item in src.infolist():
             if not item.filename.endswith("r7-routed-experts.schema.json"):
                 dst.writestr(item, src.read(item))
     with pytest.raises(AssertionError, match="r7-routed-experts"):
-        wheel_check.contents(bad)
+        wheel_check.contents(bad, source)
 
 
 def test_the_pre_commit_hook_installs_without_torch(tmp_path: Path) -> None:
