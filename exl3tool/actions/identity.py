@@ -179,7 +179,8 @@ def _artifact_files(path: Path, exclude: Path | None) -> tuple[Path, list[str]]:
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for n in names:
             p = Path(dirpath) / n
-            if n.startswith(".") or p.is_symlink() or not p.is_file():
+            # a link to a file is that file (HF cache snapshots link every file into blobs/)
+            if n.startswith(".") or not p.is_file():
                 continue
             if exclude is not None and p.absolute() == exclude.absolute():
                 continue

@@ -73,6 +73,16 @@ def test_identities_equal_a_plain_copy(hub: Path, plain: Path, name: str) -> Non
     assert code == 0, out
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_sha256sum_manifests_equal_a_plain_copy(
+    hub: Path, plain: Path, tmp_path: Path, name: str
+) -> None:
+    a, b = tmp_path / "a.sha256", tmp_path / "b.sha256"
+    assert run("identity", plain / name, "--sha256sum", a)[0] == 0
+    assert run("identity", snapshot(hub, name), "--sha256sum", b)[0] == 0
+    assert a.read_text() and a.read_text() == b.read_text()
+
+
 def test_slice_from_a_snapshot_writes_the_same_real_files(
     hub: Path, plain: Path, tmp_path: Path
 ) -> None:
