@@ -164,9 +164,11 @@ def load_base(
                 for proj in PROJECTIONS:
                     fields = {c: arr(spec.base_key(layer, e, proj, c)) for c in TP_FIELDS}
                     cut = slice_linear(proj, fields, first, last)
-                    tt, tsu, tsv = (to_torch(cut[c]) for c in TP_FIELDS)
+                    # the trellis stays on the decode device: a host copy of every layer's
+                    # trellis would cost host RSS (3/16 of the fp16 layer at K=3) for nothing
+                    tt, tsu, tsv = (to_torch(cut[c]).to(device) for c in TP_FIELDS)
                     held[(e, proj)] = BaseLinear(
-                        tt, tsu.to(device), tsv.to(device), Exl3Linear.decode(tt, tsu, tsv, device)
+                        tt, tsu, tsv, Exl3Linear.decode(tt, tsu, tsv, device)
                     )
             model.linears[layer] = held
             router = ckpt.tensors.get(f"model.layers.{layer}.mlp.gate.weight")

@@ -2,8 +2,8 @@
 
 A rank holds one layer at a time (`runtime.verify_rank`):
 
-* the hot base layer: every expert's three decoded fp16 `W_eff` (this rank's TP cut), and on the
-  CPU its int16 trellis copies;
+* the hot base layer: every expert's three decoded fp16 `W_eff` (this rank's TP cut) and their
+  int16 trellises (on the decode device);
 * the hot stage terms of that layer: one decoded fp16 matrix per (stage, expert, projection) the
   adapter applies (upper bound: the chain's expert lists);
 * one cold expert at full size (base and stages) and the fp32 transients of its GEMMs;
@@ -74,7 +74,7 @@ def estimate(
     cold = 3 * matrix * (1 + s) + 4 * matrix  # one cold expert + fp32 GEMM transients
     trellis = experts * 3 * local * k // 16
     if device == "cuda":
-        return Estimate(base + stages + cold + FIXED_CUDA, trellis + FIXED_CPU + 2 * matrix, base)
+        return Estimate(base + stages + cold + trellis + FIXED_CUDA, FIXED_CPU + 4 * matrix, base)
     need = base + stages + cold + trellis + FIXED_CPU
     return Estimate(need, need, base)
 
