@@ -98,6 +98,20 @@ def test_slice_from_a_snapshot_writes_the_same_real_files(
             assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
 
 
+def test_a_slice_output_in_the_cache_validates_like_the_plain_one(
+    hub: Path, plain: Path, tmp_path: Path
+) -> None:
+    from .conftest import cache_layout
+
+    out = tmp_path / "sliced"
+    assert run("slice", plain / "msrt-base-tiny", "--tp", "2", "-o", out)[0] == 0
+    snap = cache_layout(out, tmp_path / "hub", "org/sliced")
+    for sub in ("", "rank-0", "rank-1"):
+        want = report("validate", "--hash", out / sub, where=out / sub)
+        assert report("validate", "--hash", snap / sub, where=snap / sub) == want
+        assert want[0] == 0, want
+
+
 def test_stage_cartridge_from_a_snapshot_writes_real_files(
     hub: Path, plain: Path, tmp_path: Path
 ) -> None:
