@@ -29,11 +29,12 @@ def install() -> None:
 
 
 def say(exc: BaseException) -> int:
-    """Write the one line for an interruption; its exit code."""
-    code = exc.exit_code if isinstance(exc, Interrupted) else 130
+    """Write the one line for an interruption; its exit code (the mapping of actions.errors)."""
+    from exl3tool.actions import errors
+
     try:
-        sys.stderr.write(f"exl3tool: {'terminated' if code == 143 else 'interrupted'}\n")
+        sys.stderr.write(f"exl3tool: {errors.message(exc)}\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-    return code
+    return errors.exit_code(exc)

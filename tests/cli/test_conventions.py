@@ -211,3 +211,20 @@ def test_inspect_plot_of_a_uniform_base_uses_one_colour(tmp_path: Path, monkeypa
 def test_help_prints_brackets_literally(command: str, text: str) -> None:
     out = run(command, "--help", env=WIDE).output
     assert text in out
+
+
+@pytest.mark.parametrize("command", ["validate", "check"])
+def test_rule_selection_on_the_command_line(command: str, broken: Path) -> None:
+    full = json.loads(run(command, broken, "-f", "json").stdout)
+    codes = sorted({f["code"] for f in full["findings"] if f["severity"] == "error"})
+    assert codes
+    one = json.loads(run(command, broken, "-f", "json", "--select", codes[0]).stdout)
+    assert {f["code"] for f in one["findings"]} == {codes[0]}
+    none = run(command, broken, "-f", "json", "--ignore", ",".join(codes))
+    assert none.exit_code == 0 and json.loads(none.stdout)["summary"]["errors"] == 0
+    levels = [a for c in codes for a in ("--severity", f"{c}=warning")]
+    soft = run(command, broken, "-f", "json", *levels)
+    assert soft.exit_code == 0 and json.loads(soft.stdout)["summary"]["errors"] == 0
+    assert run(command, broken, "-f", "json", "--strict", *levels).exit_code == 1
+    bad = run(command, broken, "--select", "ZZ999")
+    assert bad.exit_code == 2 and "ZZ999" in bad.output
