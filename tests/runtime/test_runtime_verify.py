@@ -230,3 +230,36 @@ def test_tp_tolerance_check_passes_and_fails() -> None:
     far[1, 2] += 1.0
     bad = tp_tolerance_check({3: (far, y.float().unsqueeze(0))}, outs, 2)
     assert bad.passed is False and bad.first_difference["index"] == [1, 2]
+
+
+def test_wrong_stage_k_in_the_tables_fails_hot_equals_cold(artifacts, monkeypatch) -> None:
+    def edit(tables):
+        tables[4].bits[0] += 1  # the table says K+1; the stage trellis holds K
+
+    _wrap_tables(monkeypatch, edit)
+    c = checks(verify(artifacts))["hot-load-equals-cold"]
+    assert c.passed is False
+    assert c.first_difference["where"].startswith("layer 4 ")
+    assert c.first_difference["where"].endswith(" K")
+
+
+def test_progress_writes_one_line_per_layer_off_a_terminal(artifacts, capsys) -> None:
+    report = verify(artifacts, progress=True)
+    assert report.passed
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("verify-swap:")]
+    assert [x.split()[2] for x in lines] == ["3", "4"]
+    assert all(" s," in x for x in lines)
+
+
+def test_memory_estimate_refuses_with_vs001_and_a_larger_budget_runs(artifacts) -> None:
+    import pytest
+
+    from exl3tool.runtime.budget import ResourceRefused, parse_size
+
+    with pytest.raises(ResourceRefused) as exc:
+        verify(artifacts, max_memory=parse_size("64M"))
+    assert exc.value.exit_code == 3 and str(exc.value).startswith("VS001 ")
+    assert verify(artifacts, max_memory=parse_size("8G")).passed
+    assert parse_size("1.5g") == 3 << 29 and parse_size("512M") == 512 << 20
+    with pytest.raises(Exception, match="--max-memory"):
+        parse_size("lots")
