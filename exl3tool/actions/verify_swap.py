@@ -31,6 +31,8 @@ class Options:
     seed: int = 0
     dense: str | None = None  # dense reference weights
     threads: int | None = None  # CPU threads per rank (default: cores / TP)
+    max_memory: str | None = None  # per rank, "8G" / "512M" (VS001 above it; default: the machine)
+    progress: bool = True  # rank 0: a bar on a TTY, else one stderr line per layer
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,12 @@ def _threads(opts: Options) -> int | None:
     # ranks share the cores; oversubscribed OpenMP spin-waits are catastrophic on small hosts
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", opts.tp)))
     return max(1, (os.cpu_count() or 1) // max(opts.tp, local))
+
+
+def _max_memory(opts: Options) -> int | None:
+    from exl3tool.runtime.budget import parse_size
+
+    return parse_size(opts.max_memory) if opts.max_memory is not None else None
 
 
 def _check_usage(opts: Options) -> None:
@@ -108,7 +116,7 @@ def run(opts: Options) -> VerifyResult:
         return VerifyResult(None, refused)
     vopts = VerifyOptions(
         base, adapter, adapter_b, opts.tp, opts.device, selected, opts.tokens, opts.seed, dense,
-        threads=_threads(opts),
+        threads=_threads(opts), max_memory=_max_memory(opts), progress=opts.progress,
     )  # fmt: skip
     try:
         report = run_verify(vopts)

@@ -51,6 +51,10 @@ def verify_swap(
         int | None,
         typer.Option("--threads", help="CPU threads per rank (default: cores / TP)."),
     ] = None,
+    max_memory: Annotated[
+        str | None,
+        typer.Option("--max-memory", help="Memory one rank may use (8G, 512M); VS001 above it."),
+    ] = None,
     fmt: TextJsonOpt = "text",
 ) -> None:
     """Prove hot swaps, unloads and rollbacks bit for bit on the reference runtime.
@@ -63,7 +67,7 @@ def verify_swap(
     from exl3tool.report.render import emit
 
     opts = action.Options(
-        base, adapter, adapter_b, tp, device, layers, tokens, seed, dense, threads
+        base, adapter, adapter_b, tp, device, layers, tokens, seed, dense, threads, max_memory
     )
     result = action.run(opts)
     if result.refused is not None:
