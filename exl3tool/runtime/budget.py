@@ -79,20 +79,31 @@ def estimate(
     return Estimate(need, need, base)
 
 
-def available(device: str, world: int) -> int | None:
-    """Bytes one rank may use now: MemAvailable / ranks, or the smallest free VRAM."""
+def capacity(device: str, world: int) -> int | None:
+    """Bytes one rank can have on this machine: physical RAM (or the cgroup's limit) / ranks, or
+    the smallest GPU's total memory. Totals, not what is free now: the refusal must not depend on
+    what other processes happen to hold (a run that fits the machine is never refused)."""
     if device == "cuda":
         import torch
 
-        return min(torch.cuda.mem_get_info(i)[0] for i in range(world))
+        # device properties, not mem_get_info: no CUDA context is created in the parent
+        n = min(world, torch.cuda.device_count())
+        return min(torch.cuda.get_device_properties(i).total_memory for i in range(n))
+    limits = []
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
             for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // world
+                if line.startswith("MemTotal:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        raw = Path("/sys/fs/cgroup/memory.max").read_text(encoding="ascii").strip()
+        if raw.isdigit():
+            limits.append(int(raw))
     except OSError:
         pass
-    return None
+    return min(limits) // world if limits else None
 
 
 def check_budget(est: Estimate, device: str, world: int, max_memory: int | None) -> None:
@@ -103,9 +114,9 @@ def check_budget(est: Estimate, device: str, world: int, max_memory: int | None)
             f"verify-swap needs about {est.text()}, more than --max-memory "
             f"{max_memory / 2**30:.2f} GiB; {vs_rules.VS_MEMORY.hint}",
         )
-    have = available(device, world)
+    have = capacity(device, world)
     if have is not None and est.per_rank > have:
-        where = "free GPU memory" if device == "cuda" else "available memory per rank"
+        where = "GPU memory" if device == "cuda" else "memory per rank on this machine"
         raise ResourceRefused(
             vs_rules.VS_MEMORY.code,
             f"verify-swap needs about {est.text()}, more than the {have / 2**30:.2f} GiB of "
