@@ -88,7 +88,8 @@ def capacity(device: str, world: int) -> int | None:
 
         # device properties, not mem_get_info: no CUDA context is created in the parent
         n = min(world, torch.cuda.device_count())
-        return min(torch.cuda.get_device_properties(i).total_memory for i in range(n))
+        totals = [torch.cuda.get_device_properties(i).total_memory for i in range(n)]
+        return min(totals) if totals else None
     limits = []
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
