@@ -121,6 +121,8 @@ def commands(ex: Path) -> None:
     _run(["diff", str(r7), "r7.identity.json"], 0, env)
     _run(["stage-cartridge", str(cart), "--base", str(base), "-o", "staged"], 0, env)
     _run(["slice", str(base), "--tp", "2", "-o", "sliced"], 0, env)
+    for out in ("staged", "sliced", "sliced/rank-1"):  # what the writers produce validates
+        _run(["validate", out], 0, env)
     _run(["rules"], 0, env)
     _run(["check", "--config", str(_check_config(ex))], 0, env)
     script = Path(sys.executable).parent / "exl3tool"  # the console entry point of the wheel
