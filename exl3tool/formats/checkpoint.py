@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exl3tool.io.gcpause import paused_gc
 from exl3tool.io.jsonfile import read_json
 from exl3tool.io.paths import link_escape, relative_path_problem
 from exl3tool.io.safetensors import SafetensorsFile, TensorInfo, read_header
@@ -27,7 +28,7 @@ from exl3tool.rules.registry import Finding, Findings
 INDEX_NAME = "model.safetensors.index.json"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per tensor: 10^6 in a large header
 class TensorRef:
     """A tensor and the shard that stores it."""
 
@@ -156,7 +157,11 @@ def _report_links(root: Path, names: list[str], findings: Findings) -> None:
 
 def load_checkpoint(path: Path, findings: Findings, *, need_config: bool = True) -> Checkpoint:
     """Load configs, index and every shard header of a checkpoint directory or file."""
-    path = Path(path)
+    with paused_gc():  # 10^6 tensor refs, no cycles among them
+        return _load_checkpoint(Path(path), findings, need_config)
+
+
+def _load_checkpoint(path: Path, findings: Findings, need_config: bool) -> Checkpoint:
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
     if path.is_file():

@@ -12,7 +12,7 @@ outside `layers.<N>.` belong to the pseudo-layer "other".
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -108,11 +108,12 @@ def _name(entry: tuple[str, TensorDigest]) -> str:
 
 
 def layer_digest(algo: str, key: str, entries: list[tuple[str, TensorDigest]]) -> str:
-    body = {
-        "algorithm": algo,
-        "layer": key,
-        "tensors": [(n, *t) for n, t in sorted(entries, key=_name)],  # name, dtype, shape, digest
-    }
+    # each row: name, dtype, shape, digest
+    return _layer_digest(algo, key, [(n, *t) for n, t in sorted(entries, key=_name)])
+
+
+def _layer_digest(algo: str, key: str, rows: list[tuple[Any, ...]]) -> str:
+    body = {"algorithm": algo, "layer": key, "tensors": rows}
     h = new_hasher(algo)
     h.update(LAYER_DOMAIN + canonical_json(body))
     return h.hexdigest()
@@ -126,10 +127,13 @@ def root_digest(algo: str, layers: Mapping[str, str]) -> str:
 
 def fold(algo: str, tensors: Mapping[str, TensorDigest]) -> tuple[dict[str, str], str]:
     """Layer digests (ordered by layer number, "other" last) and the root of tensor digests."""
-    groups: dict[str, list[tuple[str, TensorDigest]]] = {}
-    for name, t in tensors.items():
-        groups.setdefault(layer_key(name), []).append((name, t))
-    layers = {k: layer_digest(algo, k, groups[k]) for k in sorted(groups, key=_key_order)}
+    groups: dict[str, list[str]] = {}
+    for name in tensors:
+        groups.setdefault(layer_key(name), []).append(name)
+    layers = {
+        k: _layer_digest(algo, k, [(n, *tensors[n]) for n in sorted(groups[k])])
+        for k in sorted(groups, key=_key_order)
+    }
     return layers, root_digest(algo, layers)
 
 
@@ -164,6 +168,15 @@ def identity_jobs(plan: LogicalPlan) -> list[tuple[Any, tuple[Segment, ...]]]:
     for name, refs in plan.replicas.items():
         jobs += [((name, i), (tensor_segment(r.shard, r.info),)) for i, r in enumerate(refs)]
     return jobs
+
+
+def _iter_jobs(plan: LogicalPlan) -> Iterator[tuple[Any, tuple[Segment, ...]]]:
+    """`identity_jobs` one at a time (the engine keeps only what it needs of each)."""
+    for n, t in plan.tensors.items():
+        yield n, t.segments
+    for name, refs in plan.replicas.items():
+        for i, r in enumerate(refs):
+            yield (name, i), (tensor_segment(r.shard, r.info),)
 
 
 def identity_from_digests(
@@ -214,7 +227,7 @@ def compute_identity(
     plan = select(plan, layers)
     stamps = shard_stamps(ckpt.shards.values()) if ckpt is not None else None
     with paused_gc():
-        digests = hash_segments(identity_jobs(plan), algo, threads, progress, stamps)
+        digests = hash_segments(_iter_jobs(plan), algo, threads, progress, stamps)
         ident = identity_from_digests(plan, digests, algo, selection=selection)
     if compat is not False:
         from exl3tool.identity.compat import compat_identity, stray_ranks

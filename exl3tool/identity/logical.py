@@ -20,7 +20,6 @@ import math
 import re
 from dataclasses import dataclass, field
 from itertools import islice
-from pathlib import Path
 
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.identity.engine import Segment, tensor_segment
@@ -50,17 +49,62 @@ class PlanProblem:
     kind: str = "layout"  # "layout" (slices do not reassemble) | "replica" (copies differ)
 
 
-@dataclass(slots=True)
 class LogicalTensor:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    segments: tuple[Segment, ...]
-    sources: tuple[TensorRef, ...]  # physical tensors, in rank order
+    """A logical tensor: its bytes are `segments` fed to one hasher in order; `sources` are the
+    physical tensors, in rank order. A tensor stored whole keeps only its TensorRef and makes
+    its one segment when asked (a checkpoint may hold 10^6 of them)."""
+
+    __slots__ = ("_segments", "_sources", "dtype", "name", "shape")
+
+    def __init__(
+        self,
+        name: str,
+        dtype: str,
+        shape: tuple[int, ...],
+        segments: tuple[Segment, ...],
+        sources: tuple[TensorRef, ...],
+    ) -> None:
+        self.name, self.dtype, self.shape = name, dtype, shape
+        self._segments: tuple[Segment, ...] | None = segments
+        self._sources: tuple[TensorRef, ...] | TensorRef = sources
+
+    @classmethod
+    def stored(cls, name: str, ref: TensorRef) -> LogicalTensor:
+        """The logical tensor of one tensor stored whole."""
+        lt = cls.__new__(cls)
+        lt.name, lt.dtype, lt.shape = name, ref.info.dtype, ref.info.shape
+        lt._segments, lt._sources = None, ref
+        return lt
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        if self._segments is None:
+            ref = self._sources
+            assert not isinstance(ref, tuple)
+            return (tensor_segment(ref.shard, ref.info),)
+        return self._segments
+
+    @property
+    def sources(self) -> tuple[TensorRef, ...]:
+        src = self._sources
+        return src if isinstance(src, tuple) else (src,)
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.segments)
+        if self._segments is None:
+            return self._sources.info.nbytes  # type: ignore[union-attr]
+        return sum(s.nbytes for s in self._segments)
+
+    def _key(self) -> tuple[object, ...]:
+        return (self.name, self.dtype, self.shape, self.segments, self.sources)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is LogicalTensor and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaces
+
+    def __repr__(self) -> str:
+        return f"LogicalTensor({self.name!r}, {self.dtype!r}, {self.shape!r}, {self.segments!r})"
 
 
 @dataclass
@@ -138,19 +182,9 @@ def _concat(
 
 
 def _plain_tensors(plain: dict[str, TensorRef]) -> dict[str, LogicalTensor]:
-    """One logical tensor per stored tensor without a rank segment (the hot loop of a
-    checkpoint of 10^6 tensors: segments built inline, data offsets looked up once a shard)."""
-    out: dict[str, LogicalTensor] = {}
-    base: dict[int, tuple[Path, int]] = {}
-    for name, ref in plain.items():
-        st, info = ref.shard, ref.info
-        where = base.get(id(st))
-        if where is None:
-            where = base[id(st)] = (st.path, st.data_start)
-        path, ds = where
-        seg = Segment(path, ds + info.begin, ds + info.end)
-        out[name] = LogicalTensor(name, info.dtype, info.shape, (seg,), (ref,))
-    return out
+    """One logical tensor per stored tensor without a rank segment."""
+    stored = LogicalTensor.stored
+    return {name: stored(name, ref) for name, ref in plain.items()}
 
 
 def build_plan(ckpt: Checkpoint) -> LogicalPlan:
