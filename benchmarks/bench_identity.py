@@ -32,25 +32,31 @@ sys.path.insert(0, str(ROOT))
 # The shards are built in a child process (`--build-only`): a parent that held numpy and the
 # random pool would pass its peak RSS on to every child it starts (ru_maxrss survives fork+exec).
 
-HIDDEN, INTER, K = 2048, 768, 4  # Qwen3-30B-A3B-like expert geometry at 4 bits
+# (hidden, expert intermediate, K per projection, experts added per step) of each tensor mix:
+# Qwen3-30B-A3B-like experts at 4 bits (~200 KB trellis), or GLM-5.2's 6144 x 2048 experts at
+# K 3, 4 and 5 (4.7-7.9 MB trellis) next to their small suh/svh/mcg vectors.
+MIXES = {"qwen3": (2048, 768, (4,), 128), "glm": (6144, 2048, (3, 4, 5), 16)}
+MIX = MIXES["qwen3"]
 SHARD_BYTES = 1 << 30
 
 
 def _expert_specs(layer: int, experts: int) -> list:
     from exl3tool.io.st_writer import TensorSpec
 
+    hidden, inter, ks, _ = MIX
     out = []
     for e in range(experts):
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            fin, fout = (INTER, HIDDEN) if proj == "down_proj" else (HIDDEN, INTER)
+        for j, proj in enumerate(("gate_proj", "up_proj", "down_proj")):
+            fin, fout = (inter, hidden) if proj == "down_proj" else (hidden, inter)
             p = f"model.layers.{layer}.mlp.experts.{e}.{proj}"
+            k = ks[(e * 3 + j) % len(ks)]
             out += [
-                (TensorSpec(f"{p}.trellis", "I16", (fin // 16, fout // 16, 16 * K)), 0),
+                (TensorSpec(f"{p}.trellis", "I16", (fin // 16, fout // 16, 16 * k)), 0),
                 (TensorSpec(f"{p}.suh", "F16", (fin,)), 0),
                 (TensorSpec(f"{p}.svh", "F16", (fout,)), 0),
                 (TensorSpec(f"{p}.mcg", "I32", ()), 1),
             ]
-    out.append((TensorSpec(f"model.layers.{layer}.mlp.gate.weight", "BF16", (experts, HIDDEN)), 0))
+    out.append((TensorSpec(f"model.layers.{layer}.mlp.gate.weight", "BF16", (experts, hidden)), 0))
     return out
 
 
@@ -69,7 +75,7 @@ def build(root: Path, gb: float) -> int:
     while total < target:
         specs: list = []
         while sum(s.nbytes for s, _ in specs) < min(SHARD_BYTES, target - total):
-            specs += _expert_specs(layer, 128)
+            specs += _expert_specs(layer, MIX[3])
             layer += 1
         shard += 1
         name = f"model-{shard:05d}.safetensors"
@@ -175,8 +181,11 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--mix", choices=sorted(MIXES), default="qwen3", help="tensor-size mix")
     ap.add_argument("--build-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global MIX
+    MIX = MIXES[args.mix]
     if args.build_only is not None:
         print(build(args.build_only, args.gb))
         return
@@ -187,7 +196,8 @@ def main() -> None:
     try:
         t0 = time.perf_counter()
         out = subprocess.run(
-            [sys.executable, __file__, "--build-only", str(work), "--gb", str(args.gb)],
+            [sys.executable, __file__, "--build-only", str(work), "--gb", str(args.gb),
+             "--mix", args.mix],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
         total = int(out.stdout.split()[-1])
