@@ -182,3 +182,17 @@ def test_an_uncached_id_exits_3_with_one_line(in_cache: Path) -> None:
     assert code == 3
     assert re.search(r"org/absent is not in the local Hugging Face cache", out)
     assert "Traceback" not in out
+
+
+def test_without_huggingface_hub_an_id_names_the_hf_extra(
+    in_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import sys
+
+    from exl3tool.rules.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import raises ImportError
+    assert resolve_artifact(str(tmp_path)) == tmp_path  # paths never need it
+    with pytest.raises(UsageError, match=r"exl3tool\[hf\]") as exc:
+        resolve_artifact("org/r7-tiny")
+    assert exc.value.exit_code == 2
