@@ -111,6 +111,7 @@ def test_a_broken_config_of_an_r7_checkpoint_is_its_files_only_finding(copy) -> 
     trailing_comma(art / "config.json")
     got = [f for f in findings(art) if f[2] == "config.json"]
     assert got == [("JS001", "error", "config.json")]  # no CK001 "missing or unusable"
+    assert errors_and_warnings(art) == got  # nor a conformance guess without the tail
 
 
 def test_a_broken_index_is_not_also_malformed(copy) -> None:
