@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from exl3tool.cli.main import app
 from exl3tool.actions.slice import parse_size
+from exl3tool.cli.main import app
 from exl3tool.synth.r7 import build_r7
 
 runner = CliRunner()
