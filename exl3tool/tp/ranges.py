@@ -19,6 +19,10 @@ class SplitError(ValueError):
         super().__init__(message)
         self.rule = rule
 
+    def __reduce__(self) -> tuple[type[SplitError], tuple[Rule, str]]:
+        # a rank process hands it to the parent by pickle (verify-swap --tp N)
+        return (type(self), (self.rule, str(self)))
+
 
 def _check_tp(tp: int) -> None:
     if type(tp) is not int or tp < 1:

@@ -147,3 +147,14 @@ def test_verify_swap_refuses_an_indivisible_tp_before_any_rank(monkeypatch) -> N
     want = json.loads(run("validate", CART, "--base", BASE, "--tp", "3", "-f", "json").stdout)
     assert codes == {f["code"] for f in want["findings"]} and codes  # what validate --tp 3 says
     assert "SplitError" not in res.output and "Traceback" not in res.output
+
+
+def test_a_split_error_survives_the_trip_from_a_rank() -> None:
+    import pickle
+
+    from exl3tool.rules import tp as tp_rules
+    from exl3tool.tp.ranges import SplitError
+
+    err = pickle.loads(pickle.dumps(SplitError(tp_rules.TP_CUTS_HADAMARD, "256 / 3")))
+    assert isinstance(err, SplitError) and str(err) == "256 / 3"
+    assert err.rule.code == tp_rules.TP_CUTS_HADAMARD.code
