@@ -1,5 +1,5 @@
-"""Zero-copy payload reads of the checks: a MADV_RANDOM reader, deferred marker reads and a
-deferred NaN/Inf scan, each one vectorised gather per shard."""
+"""Payload reads of the checks: a random-access reader, deferred marker reads and a deferred
+NaN/Inf scan, each one packed gather per shard (few preads, never the whole shard)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from exl3tool.formats.checkpoint import TensorRef
-from exl3tool.io.safetensors import SafetensorsFile, TensorInfo
+from exl3tool.io.safetensors import SafetensorsFile
 from exl3tool.io.views import TensorReader
 from exl3tool.rules.registry import Findings
 
@@ -44,13 +44,11 @@ def read_scalar_i32(reader: TensorReader, ref: TensorRef) -> int | None:
         return None
 
 
-def _data_view(reader: TensorReader, st: SafetensorsFile) -> np.ndarray | None:
-    """The shard's whole data section as a zero-copy uint8 array (None if it cannot be mapped)."""
-    span = TensorInfo("", "U8", (0,), 0, st.file_size - st.data_start)
-    try:
-        return np.frombuffer(reader.payload(st, span), dtype=np.uint8)
-    except (ValueError, OSError):
-        return None  # payloads beyond EOF are reported by the safetensors layer (ST016)
+def _gather(reader: TensorReader, items: list[tuple[TensorRef, Any]]) -> tuple[np.ndarray, Any]:
+    """The payloads of one shard's `items`, packed (`TensorReader.gather`: few preads, each
+    position keeping its alignment mod 16); a shard that shrank since is InputChanged."""
+    spans = [(r.info.begin, r.info.end) for r, _ in items]
+    return reader.gather(items[0][0].shard, spans)
 
 
 def _by_shard(items: list[tuple[TensorRef, Any]]) -> dict[Path, list[tuple[TensorRef, Any]]]:
@@ -74,10 +72,7 @@ class MarkerCheck:
     def run(self, reader: TensorReader, report: Callable[[TensorRef, int, int], None]) -> None:
         """Call report(ref, value, expected) for every marker whose value differs."""
         for items in _by_shard(self._items).values():
-            data = _data_view(reader, items[0][0].shard)
-            if data is None:
-                continue
-            begins = np.fromiter((r.info.begin for r, _ in items), dtype=np.int64, count=len(items))
+            data, begins = _gather(reader, items)
             want = np.fromiter((e for _, e in items), dtype=np.int64, count=len(items))
             got = data[begins[:, None] + np.arange(4)].view("<i4").ravel().astype(np.int64)
             for i in np.flatnonzero(got != want):
@@ -102,40 +97,46 @@ class FiniteCheck:
 
     def run(self, reader: TensorReader, report: Callable[[TensorRef], None]) -> None:
         for items in _by_shard(self._items).values():
-            data = _data_view(reader, items[0][0].shard)
-            if data is None:
-                continue
+            data, pos = _gather(reader, items)
             for dtype, (view, mask) in _EXPONENT_BITS.items():
-                refs = [r for r, _ in items if r.info.dtype == dtype]
-                if refs:
-                    self._scan(data, refs, view, mask, report)
+                sel = [
+                    (r, int(p))
+                    for (r, _), p in zip(items, pos, strict=True)
+                    if r.info.dtype == dtype
+                ]
+                if sel:
+                    self._scan(data, sel, view, mask, report)
 
     @staticmethod
     def _scan(
         data: np.ndarray,
-        refs: list[TensorRef],
+        refs: list[tuple[TensorRef, int]],
         view: str,
         mask: int,
         report: Callable[[TensorRef], None],
     ) -> None:
+        """`refs`: (tensor, position of its payload in `data`)."""
         size = np.dtype(view).itemsize
-        aligned = [r for r in refs if r.info.begin % size == 0]
-        for r in refs:  # an odd offset cannot be viewed as a word array: check it alone
-            if r.info.begin % size:
-                words = data[r.info.begin : r.info.end].copy().view(view)
+        aligned = [(r, p) for r, p in refs if p % size == 0]
+        for r, p in refs:  # an odd offset cannot be viewed as a word array: check it alone
+            if p % size:
+                words = data[p : p + r.info.nbytes - r.info.nbytes % size].copy().view(view)
                 if ((words & mask) == mask).any():
                     report(r)
         if not aligned:
             return
         words = data[: data.size - data.size % size].view(view)
-        starts = np.fromiter((r.info.begin // size for r in aligned), np.int64, len(aligned))
-        counts = np.fromiter((r.info.numel for r in aligned), np.int64, len(aligned))
+        if not ((words & mask) == mask).any():
+            return  # the usual case: no NaN/Inf word anywhere in the packed reads, not even in gaps
+        starts = np.fromiter((p // size for _, p in aligned), np.int64, len(aligned))
+        # words of each payload (its numel may disagree with its bytes: the header checks say so)
+        counts = np.fromiter((r.info.nbytes // size for r, _ in aligned), np.int64, len(aligned))
         ends = np.cumsum(counts)
         index = np.repeat(starts - (ends - counts), counts) + np.arange(ends[-1])
         bad = (words[index] & mask) == mask
         if bad.any():
             for i in np.unique(np.searchsorted(ends, np.flatnonzero(bad), side="right")):
-                report(aligned[i])
+                report(aligned[i][0])
 
 
 @dataclass(frozen=True)

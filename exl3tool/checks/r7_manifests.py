@@ -3,9 +3,13 @@ payload (layer, shard, shared vectors, bit_map, allocation) and, under `--hash`,
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exl3tool.checks.budget import check_declared
 from exl3tool.checks.digests import Digests, sha_ok
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.r7 import Block, R7Payload, layer_manifest, layer_shard
@@ -99,7 +103,7 @@ def check_layer_manifests(
     """Every per-layer manifest of moe_layers (§4); their digests under `--hash`."""
     _check_listing(block, qc, findings)
     work = _DigestWork()
-    for layer in block.layers:
+    for layer in _layers(ckpt, block, findings):
         lm = _load(ckpt, layer, findings)
         if lm is None:
             continue
@@ -116,6 +120,19 @@ def check_layer_manifests(
             _collect_digests(ckpt, lm, work)
     if digests is not None:
         _check_digests(work, findings, digests)
+
+
+def _layers(ckpt: Checkpoint, block: Block, findings: Findings) -> Iterable[int]:
+    """moe_layers, or where that range is beyond any artifact (issue 15) only the layers whose
+    manifest files exist (and one CK098 finding)."""
+    n_layers = max(block.last - block.first + 1, 0)
+    names = os.listdir(ckpt.root)
+    where = {"file": block.file, "pointer": pointer_join(block.base, "moe_layers")}
+    if check_declared(n_layers, len(names), "moe_layers", findings, **where):
+        return block.layers
+    held = (re.fullmatch(r"r7-experts-layer-(\d{3,18})\.json", n) for n in names)
+    layers = {int(m.group(1)) for m in held if m}
+    return sorted(i for i in layers if i in block.layers and layer_manifest(i) in names)
 
 
 def _load(ckpt: Checkpoint, layer: int, findings: Findings) -> LayerManifest | None:

@@ -7,6 +7,7 @@ a float vector [experts]. Shared by the MSRT base (MB019) and R7 (R7071) rule fa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from exl3tool.formats.checkpoint import Checkpoint
@@ -31,6 +32,9 @@ def router_problem(
     return f"{dtype}{list(shape)}, expected F16/BF16/F32 {shown}"
 
 
+_ROUTER = re.compile(r"model\.layers\.(0|[1-9]\d{0,17})\.mlp\.gate\.(weight|e_score_correction_bias)")
+
+
 def check_routers(
     ckpt: Checkpoint,
     layers: Iterable[int],
@@ -39,12 +43,15 @@ def check_routers(
     rule: Rule,
     findings: Findings,
 ) -> None:
-    """Report each stored router tensor of `layers` that is not [experts, hidden] / [experts]."""
-    for layer in layers:
-        for suffix, bias in (("weight", False), ("e_score_correction_bias", True)):
-            ref = ckpt.tensors.get(f"model.layers.{layer}.mlp.gate.{suffix}")
-            if ref is None:
-                continue
-            why = router_problem(ref.info.dtype, ref.info.shape, experts, hidden, bias=bias)
-            if why is not None:
-                findings.add(rule, why, file=ref.file, tensor=ref.name)
+    """Report each stored router tensor of `layers` that is not [experts, hidden] / [experts].
+    Work is sized by the router tensors present, never by the (declared) layer range."""
+    wanted = layers if isinstance(layers, range) else set(layers)
+    found = []
+    for name, ref in ckpt.tensors.items():
+        m = _ROUTER.fullmatch(name)
+        if m is not None and int(m.group(1)) in wanted:
+            found.append((int(m.group(1)), m.group(2) != "weight", ref))
+    for _layer, bias, ref in sorted(found, key=lambda f: (f[0], f[1])):
+        why = router_problem(ref.info.dtype, ref.info.shape, experts, hidden, bias=bias)
+        if why is not None:
+            findings.add(rule, why, file=ref.file, tensor=ref.name)

@@ -182,3 +182,12 @@ def test_stage_on_a_base_declaring_10_12_experts(tmp_path: Path, base: Path) -> 
     with pytest.raises(StageError) as err:
         stage_cartridge(cart, big, out=tmp_path / "out", threads=1)
     assert not [f for f in err.value.findings if f.rule.code.endswith("099")]
+
+
+def test_r7_router_check_sized_by_routers_present(tmp_path: Path) -> None:
+    """check_routers and the per-layer manifests walked every layer of a declared 10^12."""
+    art = build_r7(tmp_path / "r7")
+    _edit_json(art / "config.json", lambda c: c.__setitem__("num_hidden_layers", 10**12))
+    qc = art / "quantization_config.json"
+    _edit_json(qc, lambda q: q["r7_routed_experts"].__setitem__("moe_layers", [1, 10**12 - 1]))
+    assert "CK098" in _codes(art)

@@ -130,10 +130,36 @@ def _edit_value(rng: random.Random, v: Any) -> Any:
     return rng.choice(HOSTILE)
 
 
+# Keys whose values size work (layer ranges, expert and rank counts): the budget's targets.
+COUNT_KEYS = frozenset(
+    (
+        "moe_layers", "n_routed_experts", "num_experts", "num_local_experts", "experts_per_layer",
+        "world_size", "num_hidden_layers", "tp", "moe_layer_coverage", "first_k_dense_replace",
+        "selected_experts", "selected_layers", "ranks", "bits", "k", "k_values", "hidden_size",
+        "intermediate_size", "moe_intermediate_size", "num_tensors", "size", "experts",
+    )
+)  # fmt: skip
+HUGE = (10**6, 10**9, 10**12, 2**40, 2**63 - 1, 10**18)
+
+
+def _huge(rng: random.Random, v: Any) -> Any:
+    if isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v):
+        return [v[0], rng.choice(HUGE)]  # a layer range
+    if isinstance(v, list) and v:
+        return [*v, rng.choice(HUGE)]
+    return rng.choice(HUGE)
+
+
 def mutate_json_value(rng: random.Random, doc: Any, edits: int = 1) -> tuple[Any, str]:
     what = []
     for _ in range(edits):
         nodes = _nodes(doc)
+        counts = [p for p in nodes if p and p[-1] in COUNT_KEYS]
+        if counts and rng.random() < 0.3:
+            path = rng.choice(counts)
+            doc = _set(doc, path, _huge(rng, _get(doc, path)))
+            what.append(f"huge {path!r}"[:120])
+            continue
         path = rng.choice(nodes)
         op = rng.random()
         try:
@@ -154,7 +180,7 @@ def mutate_json_value(rng: random.Random, doc: Any, edits: int = 1) -> tuple[Any
 def mutate_json_bytes(rng: random.Random, data: bytes) -> tuple[bytes, str]:
     try:
         doc = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     r = rng.random()
     if doc is None or r < 0.1:
@@ -194,9 +220,10 @@ def split_safetensors(data: bytes) -> tuple[dict, bytes] | None:
     if n > len(data) - 8:
         return None
     try:
-        return json.loads(data[8 : 8 + n]), data[8 + n :]
-    except ValueError:
+        header = json.loads(data[8 : 8 + n])
+    except (ValueError, RecursionError):
         return None
+    return (header, data[8 + n :]) if isinstance(header, dict) else None
 
 
 def join_safetensors(header: Any, payload: bytes, pad: bool = True) -> bytes:
