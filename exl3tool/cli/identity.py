@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -79,7 +79,7 @@ def identity(
     container is broken gets its findings and no digests (exit 1; 3 when unreadable)."""
     from exl3tool.actions import identity as action
     from exl3tool.report.identity import finding_lines, identity_json, identity_text
-    from exl3tool.report.render import check_output, emit, write_output
+    from exl3tool.report.render import check_output, write_output
 
     fmt = _format(fmt, output, check_file is not None)
     check_output(output, force)
@@ -88,17 +88,7 @@ def identity(
     )
     result = action.run(opts)
     if check_file is not None:
-        if result.summary is None:
-            emit(result.report(), fmt, output, force=force)
-            raise typer.Exit(result.exit_code() or 1)
-        if fmt == "text":
-            write_output(output, result.summary + "\n", force=force)
-        else:
-            report = result.report()
-            report.notes.append(result.summary)
-            write_output(
-                output, json.dumps(report.to_json(), separators=(",", ":")) + "\n", force=force
-            )
+        _render_check(result, fmt, output, force)
         return
     if result.identity is not None:
         ident = result.identity
@@ -108,3 +98,18 @@ def identity(
     if result.identity is None:
         sys.stderr.write(f"exl3tool: {result.path}: container errors; no identity given\n")
     raise typer.Exit(result.exit_code())
+
+
+def _render_check(result: Any, fmt: str, output: Path | None, force: bool) -> None:
+    """`--check`: the findings as a report, or the one-line verdict (text or JSON)."""
+    from exl3tool.report.render import emit, write_output
+
+    if result.summary is None:
+        emit(result.report(), fmt, output, force=force)
+        raise typer.Exit(result.exit_code() or 1)
+    if fmt == "text":
+        write_output(output, result.summary + "\n", force=force)
+        return
+    report = result.report()
+    report.notes.append(result.summary)
+    write_output(output, json.dumps(report.to_json(), separators=(",", ":")) + "\n", force=force)

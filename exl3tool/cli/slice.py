@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
 from exl3tool.cli.common import ARTIFACT_HELP, ForceOpt, TextJsonOpt, handle_errors
 
+if TYPE_CHECKING:
+    from exl3tool.actions.slice import SliceResult
 
-def _emit(result, fmt: str) -> None:  # type: ignore[no-untyped-def]
+
+def _emit(result: SliceResult, fmt: str) -> None:
     from exl3tool.report.model import Report
     from exl3tool.report.render import emit
 
