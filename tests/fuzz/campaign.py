@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=250, help="cases per forked worker")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per case")
     p.add_argument("--memory-mib", type=int, default=1024, help="peak RSS limit per case")
-    p.add_argument("--out", type=Path, help="write the JSON summary here too")
+    p.add_argument("--out", type=Path, help="write the JSON summary here too (also while running)")
+    p.add_argument("--deadline", type=float, help="seconds after which no new batch starts")
     p.add_argument("--replay", type=int, help="run one case in-process (with a traceback)")
     p.add_argument("--keep", type=Path, help="with --replay: directory for the artifact")
     return p
@@ -46,9 +47,18 @@ def replay(seed: int, index: int, keep: Path) -> int:
     return 0
 
 
-def _progress(summary) -> None:
-    if summary.cases and summary.cases % 20_000 < 250:
+def _progress(out: Path | None):
+    mark = [0]
+
+    def report(summary) -> None:
+        if summary.cases - mark[0] < 20_000:
+            return
+        mark[0] = summary.cases
         sys.stderr.write(f"{summary.cases} cases, {summary.n_bad} bad\n")
+        if out is not None:  # a campaign cut short still leaves its numbers
+            out.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         start=args.start,
         batch=args.batch,
         limits=limits,
-        progress=_progress,
+        progress=_progress(args.out),
+        deadline=args.deadline,
     )
     text = json.dumps(summary.to_json(), indent=2)
     print(text)

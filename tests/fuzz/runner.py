@@ -56,6 +56,7 @@ class Summary:
     max_case_s: float = 0.0
     max_rss: int = 0
     seconds: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
 
     def record(self, index: int, cls: str, seconds: float, rss: int, detail: str) -> None:
         self.cases += 1
@@ -70,6 +71,7 @@ class Summary:
         return sum(self.counts.get(c, 0) for c in BAD)
 
     def to_json(self) -> dict[str, Any]:
+        seconds = self.seconds or time.perf_counter() - self.started  # 0 while running
         return {
             "seed": self.seed,
             "cases": self.cases,
@@ -77,8 +79,8 @@ class Summary:
             "bad": self.n_bad,
             "max_case_seconds": round(self.max_case_s, 3),
             "max_rss_mib": round(self.max_rss / 2**20, 1),
-            "seconds": round(self.seconds, 1),
-            "cases_per_second": round(self.cases / self.seconds, 1) if self.seconds else None,
+            "seconds": round(seconds, 1),
+            "cases_per_second": round(self.cases / seconds, 1) if seconds else None,
             "bad_cases": self.bad,
         }
 
@@ -222,8 +224,10 @@ def run(
     limits: Limits = Limits(),
     root: Path | None = None,
     progress: Any = None,
+    deadline: float | None = None,
 ) -> Summary:
-    """Run cases [start, start + cases) of campaign `seed` on `workers` forked workers."""
+    """Run cases [start, start + cases) of campaign `seed` on `workers` forked workers;
+    after `deadline` seconds no new batch starts (the summary says how many cases ran)."""
     shm = Path("/dev/shm")
     tmp = Path(tempfile.mkdtemp(prefix="exl3fuzz-", dir=root or (shm if shm.is_dir() else None)))
     summary = Summary(seed)
@@ -235,7 +239,8 @@ def run(
             list(range(a, min(a + batch, start + cases)))
             for a in range(start, start + cases, batch)
         ]
-        _loop(world, seed, queue, workers, tmp, limits, summary, progress)
+        stop = None if deadline is None else time.monotonic() + deadline
+        _loop(world, seed, queue, workers, tmp, limits, summary, progress, stop)
     finally:
         clean(tmp)
         summary.seconds = time.perf_counter() - t0
@@ -259,11 +264,14 @@ def _loop(
     limits: Limits,
     summary: Summary,
     progress: Any,
+    stop: float | None = None,
 ) -> None:
     sel = selectors.DefaultSelector()
     free = [tmp / f"w{n}" for n in range(workers)]
     live: dict[int, _Slot] = {}
     while queue or live:
+        if stop is not None and time.monotonic() > stop:
+            queue.clear()  # the deadline: live batches finish, no new one starts
         while queue and free:
             slot = _fork(world, seed, queue.pop(0), free.pop(), limits)
             live[slot.fd] = slot
