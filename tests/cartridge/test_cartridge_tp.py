@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -100,7 +99,16 @@ def test_rank_shard_path():
 
 
 def test_loaded_cartridge_input(msrt, tmp_path):
+    """An already loaded Cartridge shards to the same bytes as its path, and verifies."""
     f = Findings()
     cart = load_cartridge(msrt["full"], f)
-    shard_cartridge(cart, 2, tmp_path / "s")
-    shutil.rmtree(tmp_path / "s")
+    assert cart is not None and not f.has_errors()
+    from_model = shard_cartridge(cart, 2, tmp_path / "s")
+    from_path = shard_cartridge(msrt["full"], 2, tmp_path / "p")
+    assert from_model == from_path
+    names = sorted(p.name for p in (tmp_path / "s").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "p").iterdir())
+    assert len(names) == 1 + len(from_path["shards"])  # the manifest + one per (shard, rank)
+    for name in names:
+        assert (tmp_path / "s" / name).read_bytes() == (tmp_path / "p" / name).read_bytes()
+    assert not list(verify_sharded(msrt["full"], tmp_path / "s"))

@@ -72,16 +72,40 @@ def test_helpers() -> None:
     assert type(strict_json.plain(v)["a"]) is dict and strict_json.plain(v) == {"a": {"b": 1}}
 
 
+def _agrees_with_stdlib(text: str | bytes) -> None:
+    """loads never raises; what the standard library rejects is rejected with a reason (garbage
+    yields an issue), and what loads accepts without issues is exactly the standard value."""
+    value, issues = loads(text)
+    try:
+        ref, ok = json.loads(text), True
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, digit limit
+        ref, ok = None, False
+    if not ok:
+        assert value is None and issues, text
+        assert {i.kind for i in issues} <= {"syntax", "encoding", "depth", "huge_int"}
+    if not issues:
+        assert ok and value == ref, text
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200))
 def test_loads_never_raises(text: str) -> None:
-    loads(text)
+    _agrees_with_stdlib(text)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=200))
 def test_loads_never_raises_on_bytes(data: bytes) -> None:
-    loads(data)
+    _agrees_with_stdlib(data)
+
+
+_JSONISH = st.text(alphabet='{}[]":,0123456789-.eE tnrufalsNIy\\', max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSONISH)
+def test_loads_agrees_with_stdlib_on_jsonish_text(text: str) -> None:
+    _agrees_with_stdlib(text)
 
 
 @pytest.mark.parametrize(
