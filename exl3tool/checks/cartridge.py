@@ -63,21 +63,20 @@ def load_base_info(
     its bytes) are CA070 findings: the runtime refuses a base without a verified identity.
     """
     from exl3tool.formats.checkpoint import load_checkpoint
-    from exl3tool.formats.tail import config_tail
+    from exl3tool.formats.msrt_base import read_base_profile
     from exl3tool.identity.compat import cached_compat_identity, compat_identity, root_digest
 
     base = Path(base)
     local = Findings()
     ckpt = load_checkpoint(base, local)
-    tail = config_tail(ckpt.config)
-    if tail is None or not tail.is_msrt_base:
+    profile = read_base_profile(ckpt.config)
+    if profile is None:
         findings.add(
             ca.CA_BASE_KIND,
             f"{base}: Model is not compatible with EXL3 cartridges (no exl3-msrt-base/1 profile)",
         )
         return None
-    k, root = tail.k, tail.compatibility_sha256
-    by_layer = dict(tail.compatibility_by_layer or {})
+    k, root, by_layer = profile.k, profile.root, dict(profile.by_layer)
     if k is None or root is None or root_digest(k, by_layer) != root:
         findings.add(
             ca.CA_BASE_KIND,
@@ -95,9 +94,7 @@ def load_base_info(
                 f"{base}: Loaded EXL3 base has no verified compatibility_sha256 (its bytes give {ident.root})",
             )
             root, by_layer = ident.root, dict(ident.layers)
-    hidden, inter, n = spec.base_sizes(ckpt.config)
-    epl = tail.get("experts_per_layer")
-    experts = epl if type(epl) is int else n
+    hidden, inter, experts = profile.hidden, profile.intermediate, profile.experts_per_layer
     inputs = {st.path: st.stamp for st in ckpt.shards.values()}
     return BaseInfo(base, k, root, by_layer, hidden, inter, experts, inputs)
 

@@ -18,6 +18,7 @@ import torch
 from exl3tool.checks.routers import router_problem
 from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef, load_checkpoint
+from exl3tool.formats.msrt_base import read_base_profile
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.formats.tail import config_tail
 from exl3tool.io.views import TensorReader
@@ -121,17 +122,16 @@ def router_weight(
 
 def base_geometry(cfg: dict[str, Any], path: Path) -> tuple[int, int, int, int, int, list[int]]:
     """(hidden, intermediate, experts, top-k, K, MoE layers) of an exl3-msrt-base/1 config."""
-    hidden, inter, experts = spec.base_sizes(cfg)
-    tail = config_tail(cfg)
-    if None in (hidden, inter, experts) or tail is None:
+    base = read_base_profile(cfg)
+    hidden, inter, experts = (base.hidden, base.intermediate, base.experts) if base else (None,) * 3
+    if base is None or hidden is None or inter is None or experts is None:
         raise InputError(f"{path}: config.json lacks the MSRT base sizes or hybrid_tr3_tail (§5)")
-    topk = cfg.get("num_experts_per_tok")
-    topk = topk if type(topk) is int and topk > 0 else 8
-    if tail.coverage is None:
+    topk = base.top_k if base.top_k is not None and base.top_k > 0 else 8
+    if base.layers is None:
         raise InputError(f"{path}: hybrid_tr3_tail.moe_layer_coverage is not a list of layers")
-    if tail.k is None:
-        raise InputError(f"{path}: hybrid_tr3_tail.bits {tail.bits!r} is not a whole K (§5)")
-    return hidden, inter, experts, min(topk, experts), tail.k, sorted(tail.coverage)
+    if base.k is None:
+        raise InputError(f"{path}: hybrid_tr3_tail.bits {base.tail.bits!r} is not a whole K (§5)")
+    return hidden, inter, experts, min(topk, experts), base.k, list(base.layers)
 
 
 def load_base(
