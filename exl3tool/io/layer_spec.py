@@ -1,0 +1,44 @@
+"""The one `--layers` grammar (identity, verify-swap, the gate's identity step).
+
+A spec is comma-separated decimal layer numbers and ranges `a-b` (a <= b), plus the keywords a
+command allows: `other` (identity: the tensors outside any layer) or `all` (verify-swap: every
+layer, the default). Anything else is a UsageError naming the spec (exit 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from exl3tool.rules.errors import UsageError
+
+OTHER = "other"
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    layers: frozenset[int]
+    keywords: frozenset[str]  # the allowed keywords the spec names
+
+
+def _index(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def parse_layer_spec(spec: str, keywords: Collection[str] = ()) -> LayerSpec:
+    """`3-5,7,other` -> LayerSpec({3, 4, 5, 7}, {"other"}) when `other` is allowed."""
+    layers: set[int] = set()
+    named: set[str] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if part in keywords:
+            named.add(part)
+            continue
+        lo_text, sep, hi_text = part.partition("-")
+        lo, hi = _index(lo_text.strip()), _index(hi_text.strip()) if sep else None
+        if lo is None or (sep and (hi is None or hi < lo)):
+            extra = "".join(f" or {k}" for k in sorted(keywords))
+            raise UsageError(f"--layers {spec!r}: expected e.g. 3-5,7{extra}")
+        layers.update(range(lo, (hi if sep else lo) + 1))
+    return LayerSpec(frozenset(layers), frozenset(named))
