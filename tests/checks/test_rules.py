@@ -376,7 +376,22 @@ CASES = [
     Case("EX027", "exl3", config(lambda c: c["quantization_config"].update(bits=9.99))),
     Case("EX028", "exl3", put(EXL3_ROUTER, "F16", np.zeros((3, 256), "<f2"))),
     Case("EX028", "exl3", put(EXL3_ROUTER, "F16", np.zeros((4, 2, 128), "<f2")), id="rank"),
+    # --- runtime conformance (checks/conformance.py; more in tests/conformance) ---------------
+    Case("R7080", "r7", config(lambda c: c.pop("hybrid_tr3_tail"))),
+    Case("EX030", "exl3", storage(lambda s: [r.update(quant_format="fp16") for r in s.values()])),
+    Case("RS020", "rank-sliced", tail(lambda t: t.update(bits=2.0))),
+    Case("RS021", "rank-sliced", lambda r: _three_tiers(r)),
 ]
+
+
+def _three_tiers(root: Path) -> None:
+    (root / "tier_bitmap.json").write_text(json.dumps({"1": {"k": [3, 4, 5, 4]}}))
+    edit_json(
+        root / "config.json",
+        lambda c: c["hybrid_tr3_tail"].update(
+            bits="mixed", k_values=[3, 4, 5], bits_per_expert="tier_bitmap.json:k"
+        ),
+    )
 
 
 def _id(case: Case) -> str:
