@@ -30,7 +30,7 @@ def config_int(config: dict[str, Any] | None, key: str) -> int | None:
     return v if is_json_int(v) else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExpertTable:
     """Routed-expert tensors by position: (layer, expert, proj) -> field -> ref; rank-sliced ones
     by (layer, expert, proj, rank); layer-level vectors (r7_shared, shared_h) by (layer, name)."""

@@ -36,7 +36,7 @@ class Block:
         return range(self.first, self.last + 1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class R7Payload:
     """What the payload says, per layer: K per (expert, proj), for manifests and `inspect`."""
 
