@@ -9,6 +9,7 @@ directories or symlinks). Everything is a pure function of the `random.Random` g
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -70,6 +71,14 @@ HOSTILE: list[Any] = [
     [], {}, [1, 2, 3], {"a": 1}, [[[[[[[[]]]]]]]], "1", "true", 1e-320, [None], [LONG],
     [2**40, 2**40], {"\ud800": 1}, {LONG: LONG},
 ]  # fmt: skip
+
+
+def _hostile(rng: random.Random) -> Any:
+    """A fresh copy: mutations edit values in place, and a shared one would grow case by case
+    (the cases of a worker would then depend on the cases before them)."""
+    return copy.deepcopy(rng.choice(HOSTILE))
+
+
 INT_EDITS = (
     lambda v: v + 1, lambda v: v - 1, lambda v: -v, lambda v: v * 1000, lambda v: 0,
     lambda v: 10**9, lambda v: 2**31 - 1, lambda v: 2**62, lambda v: 10**18, lambda v: float(v),
@@ -114,7 +123,7 @@ def _set(root: Any, path: tuple, new: Any) -> Any:
 def _edit_value(rng: random.Random, v: Any) -> Any:
     r = rng.random()
     if r < 0.35:
-        return rng.choice(HOSTILE)
+        return _hostile(rng)
     if type(v) is int and r < 0.8:
         try:
             return rng.choice(INT_EDITS)(v)
@@ -123,11 +132,11 @@ def _edit_value(rng: random.Random, v: Any) -> Any:
     if isinstance(v, str) and r < 0.8:
         return rng.choice(STR_EDITS)(v)
     if isinstance(v, list) and r < 0.8:
-        return rng.choice((v + v, v[:1], v[::-1], [v], v * 50, [*v, rng.choice(HOSTILE)]))
+        return rng.choice((v + v, v[:1], v[::-1], [v], v * 50, [*v, _hostile(rng)]))
     if isinstance(v, dict) and r < 0.8 and v:
         k = rng.choice(list(v))
-        return rng.choice((Dup([*v.items(), (k, rng.choice(HOSTILE))]), [v], {**v, LONG: 1}))
-    return rng.choice(HOSTILE)
+        return rng.choice((Dup([*v.items(), (k, _hostile(rng))]), [v], {**v, LONG: 1}))
+    return _hostile(rng)
 
 
 # Keys whose values size work (layer ranges, expert and rank counts): the budget's targets.
@@ -267,7 +276,7 @@ def _edit_entry(rng: random.Random, entry: dict, payload_len: int) -> str:
              [float(a), float(b)], None, [a, 2**53])
         )  # fmt: skip
     else:
-        entry[rng.choice(("extra", "dtype2", LONG))] = rng.choice(HOSTILE)
+        entry[rng.choice(("extra", "dtype2", LONG))] = _hostile(rng)
     return field
 
 

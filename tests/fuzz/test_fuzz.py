@@ -64,3 +64,20 @@ def test_safetensors_round_trip_and_hostile_json() -> None:
     header, payload = split_safetensors(data)
     assert header["t"]["shape"] == [2] and payload == b"ab"
     assert dumps([float("nan"), "\ud800"]) == '[NaN, "\\ud800"]'
+
+
+def test_cases_do_not_depend_on_the_cases_before(tmp_path) -> None:
+    """Mutations edit values in place: a shared hostile value must never carry over from one
+    case to the next (3000 cases changed HOSTILE before values were copied)."""
+    from tests.fuzz import mutate
+    from tests.fuzz.runner import World
+    from tests.fuzz.targets import make_case
+
+    world = World(tmp_path)
+    before = repr(mutate.HOSTILE)
+    first = [make_case(8, i, world.layouts) for i in range(20)]
+    for i in range(20, 3000):
+        make_case(8, i, world.layouts)
+    assert repr(mutate.HOSTILE) == before
+    again = [make_case(8, i, world.layouts) for i in range(20)]
+    assert [(c.what, c.layout) for c in first] == [(c.what, c.layout) for c in again]
