@@ -17,7 +17,14 @@ import pytest
 from gate.conftest import REPO, run_cli, workspace_dir
 from gate.test_hf import make_cache
 
-from exl3tool.docs_gen import COMMANDS_DIR, RULES_MD, command_names, generated, stale_pages
+from exl3tool.docs_gen import (
+    COMMANDS_DIR,
+    CONFORMANCE_MD,
+    RULES_MD,
+    command_names,
+    generated,
+    stale_pages,
+)
 
 CI_MD = REPO / "docs" / "ci.md"
 README = REPO / "README.md"
@@ -25,7 +32,8 @@ FENCE = re.compile(r"^```bash tested\n(.*?)^```", re.S | re.M)
 
 
 def test_command_pages_match_the_typer_app() -> None:
-    pages = {p: t for p, t in generated().items() if p != RULES_MD}
+    # rules.md and runtime-conformance.md: tests/checks/test_docs_rules.py, tests/conformance
+    pages = {p: t for p, t in generated().items() if p not in (RULES_MD, CONFORMANCE_MD)}
     assert {p.stem for p in pages} == {*command_names(), "index"}
     for path, text in pages.items():
         assert path.is_file() and path.read_text() == text, "run: python -m exl3tool.docs_gen"
