@@ -41,7 +41,7 @@ def _rng(seed: int, *parts: int) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFFFFFF, *parts])
 
 
-def _write_st(path: Path, tensors: Mapping[str, np.ndarray]) -> None:
+def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray]) -> None:
     with open(path, "wb") as fh:
         write_arrays(fh, tensors)
 
@@ -50,7 +50,7 @@ def _write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -101,7 +101,7 @@ def write_manifest_sha256(root: Path) -> None:
             p = Path(dirpath) / name
             rel = p.relative_to(root).as_posix()
             if rel != "MANIFEST.sha256":
-                lines.append(f"{_sha256_file(p)}  {rel}\n")
+                lines.append(f"{sha256_file(p)}  {rel}\n")
     (root / "MANIFEST.sha256").write_text("".join(sorted(lines, key=lambda s: s[66:])))
 
 
@@ -191,7 +191,7 @@ def build_base(
             hidden, np.float16
         )
         name = f"model-layer-{layer:03d}.safetensors"
-        _write_st(out / name, tensors)
+        write_safetensors(out / name, tensors)
         weight_map.update(dict.fromkeys(tensors, name))
     r = _rng(seed, 0, 0, 0, _COMPONENT_IDS["dense"])
     dense = {
@@ -199,7 +199,7 @@ def build_base(
         "model.norm.weight": np.ones(hidden, np.float16),
         "lm_head.weight": (r.standard_normal((VOCAB, hidden)) * 0.02).astype(np.float16),
     }
-    _write_st(out / "model-dense.safetensors", dense)
+    write_safetensors(out / "model-dense.safetensors", dense)
     weight_map.update(dict.fromkeys(dense, "model-dense.safetensors"))
     total = sum(
         os.path.getsize(out / f) - _data_start(out / f) for f in sorted(set(weight_map.values()))
@@ -432,10 +432,10 @@ def build_adapter(
         if not tensors:
             continue
         name = f"model-layer-{layer:03d}-b000.safetensors"
-        _write_st(out / name, tensors)
+        write_safetensors(out / name, tensors)
         num_tensors += len(tensors)
         shards.append(
-            {"path": name, "size": (out / name).stat().st_size, "sha256": _sha256_file(out / name)}
+            {"path": name, "size": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
         )
     manifest = adapter_manifest(
         base_cfg=cfg,
@@ -450,113 +450,3 @@ def build_adapter(
     )
     write_adapter_config(out, manifest)
     return out
-
-
-def refresh_shards(adapter: Path) -> dict[str, Any]:
-    """Recompute `shards[].size/sha256` and `num_tensors` after a test edited shard bytes."""
-    from exl3tool.io.jsonfile import read_json
-    from exl3tool.io.safetensors import read_header
-    from exl3tool.rules.registry import Findings
-
-    adapter = Path(adapter)
-    manifest = read_json(adapter / lit.ADAPTER_CONFIG, Findings(), lit.ADAPTER_CONFIG)
-    n = 0
-    for sh in manifest["shards"]:
-        p = adapter / sh["path"]
-        sh["size"] = p.stat().st_size
-        sh["sha256"] = _sha256_file(p)
-        st = read_header(p, Findings())
-        n += len(st.tensors) if st else 0
-    manifest["num_tensors"] = n
-    write_adapter_config(adapter, manifest)
-    return manifest
-
-
-# --------------------------------------------------------------------------------------------
-# Dense reference (quality checks)
-
-
-def build_dense_reference(
-    out: Path, base: Path, adapter: Path, *, noise: float = 0.01, seed: int = 0
-) -> Path:
-    """Write one safetensors file of dense fp16 HF weights `[out, in]` per (layer, expert, proj):
-    `W_eff(base) + Σ_s W_eff(T_s; base suh/svh) / scale_s` plus Gaussian noise of `noise` × RMS.
-
-    The "true" weights a cartridge approximates, for the runtime's quality ladder. Needs torch and
-    `exl3tool.trellis` (imported here). Full-layout adapters only.
-    """
-    import torch
-
-    from exl3tool.formats.cartridge import load_cartridge
-    from exl3tool.formats.checkpoint import load_checkpoint
-    from exl3tool.io.views import TensorReader
-    from exl3tool.rules.registry import Findings
-    from exl3tool.trellis.weight import effective_weight
-
-    findings = Findings()
-    cart = load_cartridge(Path(adapter), findings)
-    ckpt = load_checkpoint(Path(base), findings)
-    if cart.manifest["tensor_parallel"]["layout"] != "full":
-        raise ValueError("build_dense_reference needs a full-layout adapter")
-    stages = [c["label"] for c in cart.manifest["chain"]]
-    out_t: dict[str, np.ndarray] = {}
-    with TensorReader() as rd:
-
-        def arr(ref_shard, info) -> torch.Tensor:
-            return torch.from_numpy(np.array(rd.array(ref_shard, info)))
-
-        for layer in cart.manifest["selected_layers"]:
-            n_exp = lit.config_sizes(ckpt.config)[2] or 0
-            for e in range(n_exp):
-                for pi, proj in enumerate(PROJECTIONS):
-                    parts = {
-                        c: ckpt.tensors[lit.base_key(layer, e, proj, c)]
-                        for c in ("trellis", "suh", "svh")
-                    }
-                    t, su, sv = (arr(r.shard, r.info) for r in parts.values())
-                    w = effective_weight(t, su, sv, "mcg").to(torch.float32)
-                    for label in stages:
-                        tk = lit.stage_key(layer, e, proj, 0, "trellis", label)
-                        sk = lit.stage_key(layer, e, proj, 0, "scale", label)
-                        if tk not in cart.keys:
-                            continue
-                        ts = arr(*cart.keys[tk])
-                        scale = float(np.array(rd.array(*cart.keys[sk])))
-                        w += effective_weight(ts, su, sv, "mcg").to(torch.float32) / scale
-                    rms = float(w.pow(2).mean().sqrt())
-                    g = torch.Generator().manual_seed(
-                        int.from_bytes(
-                            hashlib.sha256(f"{seed}/{layer}/{e}/{pi}".encode()).digest()[:7],
-                            "little",
-                        )
-                    )
-                    w += torch.randn(w.shape, generator=g) * (noise * rms)
-                    name = f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
-                    out_t[name] = w.t().contiguous().to(torch.float16).numpy()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _write_st(out, out_t)
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# Editing helpers for tests (mutation tables)
-
-
-def read_tensors(path: Path) -> dict[str, np.ndarray]:
-    """Every tensor of a safetensors file as an owned numpy array, in file order."""
-    from exl3tool.io.safetensors import read_header
-    from exl3tool.io.views import TensorReader
-    from exl3tool.rules.registry import Findings
-
-    header = read_header(Path(path), Findings())
-    if header is None:
-        raise ValueError(f"{path}: unreadable safetensors header")
-    with TensorReader() as rd:
-        return {n: np.array(rd.array(header, i)) for n, i in header.tensors.items()}
-
-
-def rewrite_shard(path: Path, edit: Any) -> None:
-    """Replace a shard by `edit(tensors) -> tensors` (a dict name -> ndarray, order kept)."""
-    tensors = edit(read_tensors(Path(path)))
-    _write_st(Path(path), tensors)

@@ -17,7 +17,8 @@ from exl3tool.rules.errors import OutputError
 from exl3tool.rules.registry import Findings
 from exl3tool.staging import stage
 from exl3tool.staging.stage import StageError, stage_cartridge
-from exl3tool.synth.msrt import build_base, refresh_shards, rewrite_shard
+from exl3tool.synth.msrt import build_base
+from exl3tool.synth.msrt_edit import refresh_shards, rewrite_shard
 
 SCHEMA = (
     Path(__file__).resolve().parents[2] / "exl3tool" / "schemas" / "exl3tool-staging-1.schema.json"

@@ -12,7 +12,7 @@ from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.cartridge import load_cartridge
 from exl3tool.rules.errors import InputError, UsageError
 from exl3tool.rules.registry import Findings
-from exl3tool.synth.msrt import read_tensors, rewrite_shard
+from exl3tool.synth.msrt_edit import read_tensors, rewrite_shard
 from exl3tool.tp.cartridge import rank_shard_path, shard_cartridge, verify_sharded
 
 

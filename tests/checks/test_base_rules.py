@@ -16,7 +16,8 @@ from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.checkpoint import load_checkpoint
 from exl3tool.identity.compat import root_digest
 from exl3tool.rules.registry import Findings, all_rules
-from exl3tool.synth.msrt import build_base, rewrite_shard, write_manifest_sha256
+from exl3tool.synth.msrt import build_base, write_manifest_sha256
+from exl3tool.synth.msrt_edit import rewrite_shard
 
 SHARD = "model-layer-003.safetensors"
 ROUTER = "model.layers.3.mlp.gate.weight"
@@ -63,7 +64,7 @@ def shard(fn: Callable[[dict], dict]) -> Callable[[Path], None]:
     def mutate(d: Path) -> None:
         rewrite_shard(d / SHARD, fn)
         idx = json.loads((d / "model.safetensors.index.json").read_text())
-        from exl3tool.synth.msrt import read_tensors
+        from exl3tool.synth.msrt_edit import read_tensors
 
         wm = {k: v for k, v in idx["weight_map"].items() if v != SHARD}
         wm.update(dict.fromkeys(read_tensors(d / SHARD), SHARD))

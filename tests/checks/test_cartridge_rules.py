@@ -16,7 +16,8 @@ from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats import msrt_spec as spec
 from exl3tool.rules import cartridge as ca
 from exl3tool.rules.registry import Findings, all_rules
-from exl3tool.synth.msrt import build_adapter, build_base, refresh_shards, rewrite_shard
+from exl3tool.synth.msrt import build_adapter, build_base
+from exl3tool.synth.msrt_edit import refresh_shards, rewrite_shard
 
 L3 = "model-layer-003-b000.safetensors"
 L4 = "model-layer-004-b000.safetensors"
@@ -121,7 +122,7 @@ def symlink_shard(d: Path) -> None:
 
 
 def duplicate_key(d: Path) -> None:
-    from exl3tool.synth.msrt import read_tensors
+    from exl3tool.synth.msrt_edit import read_tensors
 
     extra = read_tensors(d / L3)[key()]
     tensors(d, L4, lambda t: {**t, key(): extra})

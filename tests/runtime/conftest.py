@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from exl3tool.synth.msrt import build_adapter, build_base, build_dense_reference
+from exl3tool.synth.msrt import build_adapter, build_base
+from exl3tool.synth.msrt_dense import build_dense_reference
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from exl3tool.runtime.verify import (
     run_verify,
     tp_tolerance_check,
 )
-from exl3tool.synth.msrt import refresh_shards
+from exl3tool.synth.msrt_edit import refresh_shards
 
 SCHEMA = (
     Path(__file__).resolve().parents[2] / "exl3tool" / "schemas" / "exl3tool-verify-1.schema.json"

@@ -14,7 +14,9 @@ from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.checkpoint import load_checkpoint
 from exl3tool.formats.detect import Kind, detect
 from exl3tool.rules.registry import Findings
-from exl3tool.synth.msrt import build_adapter, build_base, build_dense_reference, read_tensors
+from exl3tool.synth.msrt import build_adapter, build_base
+from exl3tool.synth.msrt_dense import build_dense_reference
+from exl3tool.synth.msrt_edit import read_tensors
 
 
 def files(d: Path) -> dict[str, bytes]:
