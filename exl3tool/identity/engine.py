@@ -196,6 +196,8 @@ def _plan(jobs: Iterable[tuple[Any, Sequence[Segment]]], algo: str, threads: int
     sizes: list[tuple[int, int]] = []  # (bytes, job) of large jobs
     total = 0
     small_max = min(SMALL, (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1)
+    last: Path | None = None
+    packed: list[int] = []
     for i, (key, segs) in enumerate(jobs):
         keys.append(key)
         if not isinstance(segs, tuple | list):
@@ -204,7 +206,9 @@ def _plan(jobs: Iterable[tuple[Any, Sequence[Segment]]], algo: str, threads: int
             path, start, end = segs[0]
             n = end - start
             if 0 <= n <= small_max and i >> _JOB_BITS == 0 and start >= 0:
-                small.setdefault(path, []).append((start << _START_SHIFT) | (n << _SIZE_SHIFT) | i)
+                if path is not last:  # a shard's tensors share one Path: no hash per tensor
+                    last, packed = path, small.setdefault(path, [])
+                packed.append((start << _START_SHIFT) | (n << _SIZE_SHIFT) | i)
                 total += n
                 continue
         segs = segs if type(segs) is tuple else tuple(segs)
