@@ -338,74 +338,93 @@ def _mtp_tail(spec: R7Spec) -> dict[str, Any]:
 def build_r7(root: Path, spec: R7Spec | None = None, **overrides: Any) -> Path:
     """Write an R7 checkpoint into `root` (created; must be empty). Returns `root`."""
     spec = dataclasses.replace(spec or R7Spec(), **overrides)
-    root = _prepare(root)
-    sparse = spec.payload == "sparse"
-    rng = np.random.default_rng(spec.seed)
-    k_of = _k_chooser(spec)
-    first, last = spec.moe_layers
-    weight_map: dict[str, str] = {}
-    total = 0
-    payloads: dict[str, str] = {}
-
-    def emit(sink: _Sink, label: str, metadata: Mapping[str, str] | None) -> dict[str, str]:
-        nonlocal total
-        digests = sink.write(root / label, metadata)
-        for s in sink.specs:
-            weight_map[s.name] = label
-        total += _shape_total(sink.specs)
-        return digests
-
-    carrier = _Sink(rng, sparse)
+    b = _R7Build(_prepare(root), spec, np.random.default_rng(spec.seed), spec.payload == "sparse")
+    carrier = _Sink(b.rng, b.sparse)
     _carrier_tensors(carrier, spec)
-    payloads.update(emit(carrier, CARRIER_SHARD, {"format": "pt"}))
-
-    mtp_payload: dict[str, str] = {}
+    b.payloads.update(b.emit(carrier, CARRIER_SHARD, {"format": "pt"}))
     if spec.mtp:
-        m = spec.num_hidden_layers
-        mtp = _Sink(rng, sparse)
-        mtp.weight(f"model.layers.{m}.enorm.weight", (spec.hidden,))
-        mtp.weight(f"model.layers.{m}.hnorm.weight", (spec.hidden,))
-        mtp.weight(f"model.layers.{m}.eh_proj.weight", (spec.hidden, 2 * spec.hidden))
-        _dense_layer(mtp, spec, m, moe=True)
-        rank_sliced_layer(
-            mtp, m, spec.n_experts, spec.hidden, spec.moe_intermediate, 1, lambda *_: spec.mtp_bits
-        )
-        mtp_payload = emit(mtp, MTP_SHARD, {"format": "pt"})
-
-    layer_sha: dict[str, str] = {}
-    layers_entry: dict[str, Any] = {}
-    all_bits: list[int] = []
-    r7_count = 0
-    for layer in range(first, last + 1):
-        sink = _Sink(rng, sparse)
-        bit_map = _expert_layer(sink, spec, layer, k_of)
-        meta = {"format": "pt", "r7_schema": "2", "r7_layer": str(layer), "r7_marker": MARKER}
-        digests = emit(sink, layer_shard(layer), meta)
-        r7_count += len(sink.specs)
-        all_bits.extend(bit_map.values())
-        man = _layer_manifest(
-            spec, layer, bit_map, digests, _file_sha(root / layer_shard(layer), sparse)
-        )
-        write_json(root / layer_manifest(layer), man)
-        layer_sha[str(layer)] = sha256_hex((root / layer_manifest(layer)).read_bytes())
-        layers_entry[str(layer)] = {
-            "bit_units": man["allocation_bit_units"],
-            "manifest": layer_manifest(layer),
-            "shard": layer_shard(layer),
-        }
-
+        b.mtp_payload = b.emit(_mtp_sink(b), MTP_SHARD, {"format": "pt"})
+    all_bits = b.expert_layers()
     write_json(
-        root / "model.safetensors.index.json",
-        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+        b.root / "model.safetensors.index.json",
+        {"metadata": {"total_size": b.total}, "weight_map": dict(sorted(b.weight_map.items()))},
     )
     qcfg = _quant_config(spec, _bpw(all_bits))
-    config = _config(spec, qcfg)
-    write_json(root / "config.json", config)
-    write_json(root / "quantization_config.json", qcfg)
+    write_json(b.root / "config.json", _config(spec, qcfg))
+    write_json(b.root / "quantization_config.json", qcfg)
+    write_json(b.root / "MANIFEST.json", _checkpoint_manifest(b))
+    seal = sha256_hex((b.root / "MANIFEST.json").read_bytes())
+    (b.root / "MANIFEST.sha256").write_text(f"{seal}  MANIFEST.json\n")
+    return b.root
 
-    files = sorted(p.name for p in root.iterdir() if p.is_file())
-    binding = {"schema": SCHEMA, "layers": layer_sha, "seed": spec.seed}
-    manifest = {
+
+@dataclass
+class _R7Build:
+    """What build_r7 accumulates while it writes shards (for the index and MANIFEST.json)."""
+
+    root: Path
+    spec: R7Spec
+    rng: np.random.Generator
+    sparse: bool
+    weight_map: dict[str, str] = field(default_factory=dict)
+    total: int = 0
+    payloads: dict[str, str] = field(default_factory=dict)
+    mtp_payload: dict[str, str] = field(default_factory=dict)
+    layer_sha: dict[str, str] = field(default_factory=dict)
+    layers_entry: dict[str, Any] = field(default_factory=dict)
+    r7_count: int = 0
+
+    def emit(self, sink: _Sink, label: str, metadata: Mapping[str, str] | None) -> dict[str, str]:
+        digests = sink.write(self.root / label, metadata)
+        for s in sink.specs:
+            self.weight_map[s.name] = label
+        self.total += _shape_total(sink.specs)
+        return digests
+
+    def expert_layers(self) -> list[int]:
+        """One shard and one manifest per MoE layer (§3, §4); returns every K written."""
+        spec, root = self.spec, self.root
+        k_of = _k_chooser(spec)
+        all_bits: list[int] = []
+        first, last = spec.moe_layers
+        for layer in range(first, last + 1):
+            sink = _Sink(self.rng, self.sparse)
+            bit_map = _expert_layer(sink, spec, layer, k_of)
+            meta = {"format": "pt", "r7_schema": "2", "r7_layer": str(layer), "r7_marker": MARKER}
+            digests = self.emit(sink, layer_shard(layer), meta)
+            self.r7_count += len(sink.specs)
+            all_bits.extend(bit_map.values())
+            shard_sha = _file_sha(root / layer_shard(layer), self.sparse)
+            man = _layer_manifest(spec, layer, bit_map, digests, shard_sha)
+            write_json(root / layer_manifest(layer), man)
+            self.layer_sha[str(layer)] = sha256_hex((root / layer_manifest(layer)).read_bytes())
+            self.layers_entry[str(layer)] = {
+                "bit_units": man["allocation_bit_units"],
+                "manifest": layer_manifest(layer),
+                "shard": layer_shard(layer),
+            }
+        return all_bits
+
+
+def _mtp_sink(b: _R7Build) -> _Sink:
+    """The carried MTP layer (§6): dense parts plus rank-sliced experts under the tail."""
+    spec, m = b.spec, b.spec.num_hidden_layers
+    mtp = _Sink(b.rng, b.sparse)
+    mtp.weight(f"model.layers.{m}.enorm.weight", (spec.hidden,))
+    mtp.weight(f"model.layers.{m}.hnorm.weight", (spec.hidden,))
+    mtp.weight(f"model.layers.{m}.eh_proj.weight", (spec.hidden, 2 * spec.hidden))
+    _dense_layer(mtp, spec, m, moe=True)
+    rank_sliced_layer(
+        mtp, m, spec.n_experts, spec.hidden, spec.moe_intermediate, 1, lambda *_: spec.mtp_bits
+    )
+    return mtp
+
+
+def _checkpoint_manifest(b: _R7Build) -> dict[str, Any]:
+    """MANIFEST.json (§5) over every file written so far."""
+    files = sorted(p.name for p in b.root.iterdir() if p.is_file())
+    binding = {"schema": SCHEMA, "layers": b.layer_sha, "seed": b.spec.seed}
+    return {
         "marker": MARKER,
         "recipe_version": RECIPE_VERSION,
         "schema": SCHEMA,
@@ -415,20 +434,16 @@ def build_r7(root: Path, spec: R7Spec | None = None, **overrides: Any) -> Path:
         "walk_manifest_sha256": sha256_hex(b"walk-manifest"),
         "source_inventory_sha256": sha256_hex(b"source-inventory"),
         "numeric_environment_sha256": sha256_hex(b"numeric-environment"),
-        "carried_tensor_payload_sha256": payloads,
-        "files_sha256": {f: _file_sha(root / f, sparse) for f in files},
-        "tensor_count": len(weight_map),
-        "carried_tensor_count": len(payloads) + len(mtp_payload),
-        "r7_tensor_count": r7_count,
-        "mtp78_carried_tensor_payload_sha256": mtp_payload,
+        "carried_tensor_payload_sha256": b.payloads,
+        "files_sha256": {f: _file_sha(b.root / f, b.sparse) for f in files},
+        "tensor_count": len(b.weight_map),
+        "carried_tensor_count": len(b.payloads) + len(b.mtp_payload),
+        "r7_tensor_count": b.r7_count,
+        "mtp78_carried_tensor_payload_sha256": b.mtp_payload,
         "assembly_transaction_id": sha256_hex(canonical_json(binding)),
-        "r7_layer_manifest_sha256": layer_sha,
-        "layers": layers_entry,
+        "r7_layer_manifest_sha256": b.layer_sha,
+        "layers": b.layers_entry,
     }
-    write_json(root / "MANIFEST.json", manifest)
-    seal = sha256_hex((root / "MANIFEST.json").read_bytes())
-    (root / "MANIFEST.sha256").write_text(f"{seal}  MANIFEST.json\n")
-    return root
 
 
 def _quant_config(spec: R7Spec, target_bpw: str) -> dict[str, Any]:
