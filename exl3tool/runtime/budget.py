@@ -54,8 +54,11 @@ class Estimate:
 
 
 def _stage_matrices(adapter: Path, experts: int) -> int:
+    path = Path(adapter) / "adapter_config.json"
+    if not path.is_file():  # a FIFO would block; staging reports what it is
+        return 0
     try:
-        m = json.loads((Path(adapter) / "adapter_config.json").read_text(encoding="utf-8"))
+        m = json.loads(path.read_text(encoding="utf-8"))
         return sum(len(c.get("experts") or range(experts)) for c in m["chain"]) * 3
     except (OSError, ValueError, KeyError, TypeError):
         return 0  # unreadable: staging reports it; the estimate assumes no stages
