@@ -50,7 +50,7 @@ def check_tensors(
     _check_layer_fields(tail, sorted(seen.layers), findings)
     epl = tail.get("experts_per_layer")
     experts = epl if type(epl) is int else n_experts
-    check_routers(ckpt, sorted(seen.layers), experts, hidden, mb.MB_ROUTER, findings)
+    check_routers(ckpt, sorted(seen.layers), experts, hidden, rule=mb.MB_ROUTER, findings=findings)
     if type(epl) is int:
         for layer, es in sorted(seen.layers.items()):
             # bounded by what the layer holds, never by the declared count (issue 15)

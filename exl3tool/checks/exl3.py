@@ -172,4 +172,5 @@ def check_exl3(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -
     moe = sorted({layer_of(n) for n in ckpt.tensors if ".mlp.experts." in n} - {None})
     count = expert_count(ckpt.config)
     hidden = config_int(ckpt.config, "hidden_size")
-    check_routers(ckpt, moe, count[1] if count else None, hidden, ex.EX_ROUTER, findings)
+    n_experts = count[1] if count else None
+    check_routers(ckpt, moe, n_experts, hidden, rule=ex.EX_ROUTER, findings=findings)

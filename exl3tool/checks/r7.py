@@ -97,7 +97,7 @@ def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> 
             tail_ctx = TailContext("config.json", POINTER, hidden, inter, n_exp, options.tp)
             check_tail(ckpt, raw, table, tail_ctx, scan)
         if block is not None:
-            check_routers(ckpt, block.layers, n_exp, hidden, r7.R7_ROUTER, findings)
+            check_routers(ckpt, block.layers, n_exp, hidden, rule=r7.R7_ROUTER, findings=findings)
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
         check_linears(group_linears(others), ckpt.tensors, findings, reader, finite)
         flush_payload_checks(reader, finite, findings)

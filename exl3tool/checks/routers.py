@@ -32,7 +32,9 @@ def router_problem(
     return f"{dtype}{list(shape)}, expected F16/BF16/F32 {shown}"
 
 
-_ROUTER = re.compile(r"model\.layers\.(0|[1-9]\d{0,17})\.mlp\.gate\.(weight|e_score_correction_bias)")
+_ROUTER = re.compile(
+    r"model\.layers\.(0|[1-9]\d{0,17})\.mlp\.gate\.(weight|e_score_correction_bias)"
+)
 
 
 def check_routers(
@@ -40,6 +42,7 @@ def check_routers(
     layers: Iterable[int],
     experts: int | None,
     hidden: int | None,
+    *,
     rule: Rule,
     findings: Findings,
 ) -> None:
