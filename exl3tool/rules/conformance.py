@@ -26,10 +26,10 @@ class Outcome(str, enum.Enum):
 
 OUTCOME_TEXT = MappingProxyType(
     {
-        Outcome.REFUSAL: "predicts a runtime refusal",
-        Outcome.SILENT: "predicts a silent wrong result",
-        Outcome.CONTRACT: "producer contract the runtime does not check",
-        Outcome.TOOL: "exl3tool's own operation, no runtime counterpart",
+        Outcome.REFUSAL: "predict a runtime refusal",
+        Outcome.SILENT: "predict a silent wrong result",
+        Outcome.CONTRACT: "are producer contract the runtime does not check",
+        Outcome.TOOL: "concern exl3tool's own operation (no runtime counterpart)",
     }
 )
 
@@ -277,7 +277,10 @@ RULE_OUTCOME = MappingProxyType(
 
 
 def outcome(code: str) -> Outcome:
-    """What breaking rule `code` does in the serving runtime."""
+    """What breaking rule `code` does in the serving runtime. `X099` (check-crashed, any family)
+    is exl3tool failing on an input, not a runtime prediction."""
+    if code.endswith("099"):
+        return Outcome.TOOL
     explicit = RULE_OUTCOME.get(code)
     return explicit if explicit is not None else FAMILY_OUTCOME.get(code[:-3], Outcome.CONTRACT)
 
