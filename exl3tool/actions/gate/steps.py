@@ -158,7 +158,7 @@ def swap_unavailable(device: str, tp: int) -> str | None:
     try:
         import torch
     except ImportError:
-        return "torch is not installed"
+        return "torch is not installed (pip install 'exl3tool[runtime]')"
     if device == "cuda":
         if not torch.cuda.is_available():
             return "CUDA is not available on this machine"
