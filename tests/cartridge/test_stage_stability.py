@@ -78,3 +78,18 @@ def test_unchanged_inputs_publish(pair: tuple[Path, Path], tmp_path: Path) -> No
     res = stage_cartridge(cart, base, out=tmp_path / "out", threads=1)
     assert (res.out / stage.STAGING_FILE).is_file()
     assert not [f for f in res.findings if f.rule.code == "ST023"]
+
+
+def test_a_crashing_check_is_a_finding_not_a_traceback(
+    pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, cart = pair
+
+    def boom(*_a, **_k):
+        raise KeyError("label")
+
+    monkeypatch.setattr(stage, "check_loaded", boom)
+    with pytest.raises(StageError) as err:
+        stage_cartridge(cart, base, out=tmp_path / "out", threads=1)
+    assert [f.rule.code for f in err.value.findings if f.rule.code == "CA099"] == ["CA099"]
+    assert not (tmp_path / "out").exists()
