@@ -121,3 +121,32 @@ def test_gather_packs_spans_with_their_alignment(tmp_path: Path) -> None:
     for (b, e), p in zip(spans, pos, strict=True):
         assert bytes(data[p : p + e - b]) == raw[b:e]
         assert p % 16 == b % 16
+
+
+def test_validate_hash_of_a_cartridge_shard_replaced_by_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15 item 5: 7 of 7 `validate --hash` runs exited 0 on a shard renamed over after
+    it was opened; the digest was of bytes the manifest's check never saw."""
+    from exl3tool.actions.validate import validate_path
+    from exl3tool.checks.options import ValidateOptions
+    from exl3tool.identity import engine
+    from exl3tool.synth.msrt import build_adapter, build_base
+
+    base = build_base(tmp_path / "base")
+    cart = build_adapter(tmp_path / "cart", base)
+    shard = sorted(cart.glob("*.safetensors"))[0]
+    original = engine._open_all
+
+    def replace_then_open(paths, expected=None):
+        copy = shard.with_name("copy")
+        copy.write_bytes(shard.read_bytes())
+        os.rename(copy, shard)  # same bytes, another inode: the file opened first is gone
+        return original(paths, expected)
+
+    monkeypatch.setattr(engine, "_open_all", replace_then_open)
+    with pytest.raises(InputChanged, match=shard.name):
+        validate_path(cart, ValidateOptions(hash=True, threads=1))
+    monkeypatch.setattr(engine, "_open_all", original)
+    _, findings = validate_path(cart, ValidateOptions(hash=True, threads=1))
+    assert not findings.has_errors()
