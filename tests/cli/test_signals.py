@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
 BASE, CART = ROOT / "examples/msrt-base-tiny", ROOT / "examples/cartridge-k3k4"
 
@@ -63,6 +62,7 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
 
 
 def _swap(tmp_path: Path) -> subprocess.Popen:
+    pytest.importorskip("torch")
     return _start(tmp_path, "verify-swap", str(BASE), str(CART), "--tp", "2", "--threads", "1")
 
 
@@ -93,3 +93,12 @@ def test_sigterm_to_the_parent_stops_the_ranks(tmp_path: Path) -> None:
     _wait_for(lambda: len(_children(proc.pid)) >= 2, proc)
     os.kill(proc.pid, signal.SIGTERM)  # the parent only: it must stop its ranks itself
     _finish(proc, 143, "exl3tool: terminated", tmp_path)
+
+
+def test_sigterm_while_slicing_publishes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "slices"
+    proc = _start(tmp_path, "slice", str(BASE), "--tp", "2", "-o", str(out), "--verify")
+    _wait_for(lambda: _handlers_installed(proc.pid), proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    _finish(proc, 143, "exl3tool: terminated", tmp_path)
+    assert not out.exists() and not any(p.name.startswith(".slices") for p in tmp_path.iterdir())
