@@ -1,0 +1,158 @@
+"""Properties of the R7 block check and the hybrid_tr3_tail model and check: any JSON never
+raises, and a value the document forbids is an error. The predicates are typed from
+r7-checkpoint-format.md §2.1 and §7.1, not taken from the code under test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exl3tool.checks.payload import FiniteCheck, RandomAccessReader, Scan
+from exl3tool.checks.r7_block import check_block
+from exl3tool.checks.rank_sliced import TENSOR_SCHEMA, TailContext, check_tail
+from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.formats.experts import ExpertTable
+from exl3tool.formats.tail import parse_tail
+from exl3tool.rules import r7
+from exl3tool.rules.registry import Findings
+
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6)
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=10,
+)
+# near misses of the list-valued fields: short lists of small ints, bools and floats
+NEAR = st.lists(st.integers(-2, 6) | st.booleans() | st.sampled_from([3.0, 4.5]), max_size=3)
+VALUES = JSON | NEAR
+GOOD_BLOCK = {
+    "schema": "r7-complete-v2-checkpoint-v1",
+    "codebook": "mcg",
+    "bits": "mixed_tensor",
+    "moe_layers": [1, 2],
+    "k_values": [3, 4, 5],
+}
+GOOD_TAIL = {
+    "format": "exl3-trellis",
+    "bits": 4.0,
+    "codebook": "mcg",
+    "experts_per_layer": 4,
+    "moe_layers": [3, 3],
+    "tensor_schema": "model.layers.{L}.mlp.experts.{E}.{proj}.rank{r}.{trellis|suh|svh|mcg}",
+    "tp": 1,
+}
+
+
+def _json_int(v: object) -> bool:
+    return type(v) is int  # §2.1: true/false and 3.0 are not JSON integers
+
+
+def _block_legal(key: str, v: object) -> bool:
+    """§2.1: the values the five validated fields may hold."""
+    if key == "moe_layers":
+        return (
+            isinstance(v, list)
+            and len(v) == 2
+            and all(_json_int(x) and x >= 0 for x in v)
+            and v[1] >= v[0]
+        )
+    if key == "k_values":
+        return (
+            isinstance(v, list) and len(v) > 0 and all(_json_int(k) and k in (3, 4, 5) for k in v)
+        )
+    return v == GOOD_BLOCK[key] and type(v) is str
+
+
+def test_the_good_block_and_tail_are_clean() -> None:
+    f = Findings()
+    block = check_block(dict(GOOD_BLOCK), "q.json", "/r7_routed_experts", f)
+    assert block is not None and not list(f)
+    assert (block.first, block.last, block.k_values) == (1, 2, frozenset({3, 4, 5}))
+    # no tensors: every rank slice is missing (RS_MISSING); the fields themselves are clean
+    assert {f.code for f in _tail_findings(GOOD_TAIL).errors()} == {r7.RS_MISSING.code}
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(sorted(GOOD_BLOCK)), value=VALUES)
+def test_block_field_replaced_by_any_json(key: str, value: object) -> None:
+    f = Findings()
+    block = check_block({**GOOD_BLOCK, key: value}, "q.json", "/r7_routed_experts", f)
+    if _block_legal(key, value):
+        assert not f.has_errors(), (key, value)
+    else:
+        assert f.has_errors(), (key, value)
+        assert all(x.location.pointer.startswith("/r7_routed_experts") for x in f)
+    assert (block is None) == (key == "moe_layers" and not _block_legal(key, value))
+
+
+@settings(max_examples=100, deadline=None)
+@given(value=JSON)
+def test_block_that_is_not_a_valid_object(value: object) -> None:
+    f = Findings()
+    block = check_block(value, "q.json", "/r7_routed_experts", f)
+    assert f.has_errors()  # any random value lacks a required field or is no object
+    assert block is None or _block_legal("moe_layers", value.get("moe_layers"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON)
+def test_tail_model_of_any_json(value: object) -> None:
+    tail = parse_tail(value)
+    if not isinstance(value, dict):
+        assert tail is None
+        return
+    assert tail is not None and tail.raw is value
+    if tail.k is not None:
+        assert type(tail.k) is int and tail.k == value["bits"]
+    if tail.moe_layers is not None:
+        assert _block_legal("moe_layers", value["moe_layers"])
+    for key in ("tp", "experts_per_layer"):
+        typed = getattr(tail, key)
+        assert typed == (value[key] if _json_int(value.get(key)) and value[key] > 0 else None)
+
+
+def _tail_findings(tail: object) -> Findings:
+    ckpt = Checkpoint(root=Path("/nonexistent"))
+    ctx = TailContext("config.json", "/hybrid_tr3_tail", 128, 256, 4)
+    findings = Findings()
+    with RandomAccessReader() as reader:
+        check_tail(ckpt, tail, ExpertTable(), ctx, Scan(findings, reader, FiniteCheck()))
+    return findings
+
+
+def _tail_legal(key: str, v: object) -> bool:
+    """§7.1 for the model above (4 experts, no runtime TP); range and count must match it."""
+    if key == "bits":
+        return v == "mixed" or (type(v) in (int, float) and v > 0)
+    if key in ("format", "codebook", "tensor_schema"):
+        return v == GOOD_TAIL[key]
+    if key == "experts_per_layer":
+        return _json_int(v) and v == 4
+    if key == "tp":
+        return _json_int(v) and v >= 1
+    return _block_legal("moe_layers", v)
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(sorted(GOOD_TAIL)), value=VALUES)
+def test_tail_field_replaced_by_any_json(key: str, value: object) -> None:
+    findings = _tail_findings({**GOOD_TAIL, key: value})
+    field_errors = [f for f in findings.errors() if f.code != r7.RS_MISSING.code]
+    if not _tail_legal(key, value):
+        assert field_errors, (key, value)  # beyond the slices missing from the empty table
+        assert all(f.location.file == "config.json" for f in field_errors)
+
+
+def test_tail_schema_constant_is_the_documents() -> None:
+    assert GOOD_TAIL["tensor_schema"] == TENSOR_SCHEMA
+    assert _tail_findings([1, 2]).codes() == {r7.RS_FIELD.code}
