@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from checks_fixtures import edit_json, edit_shard
-from conftest import EXAMPLES
+from conformance_paths import EXAMPLES
 
 from exl3tool.actions.validate import validate_path
 from exl3tool.checks.options import ValidateOptions

@@ -10,9 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "checks"))
+sys.path.insert(0, str(ROOT / "tests" / "conformance"))
 sys.path.insert(0, str(ROOT / "examples"))
-
-EXAMPLES = ROOT / "examples"
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fixtures import FIXTURES
+from conformance_fixtures import FIXTURES
 
 from exl3tool.docs_gen import CONFORMANCE_MD
 from exl3tool.rules import conformance as cmap

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from checks_fixtures import edit_json, edit_qc
-from conftest import EXAMPLES
+from conformance_paths import EXAMPLES
 from typer.testing import CliRunner
 
 from exl3tool.actions import plan as action

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from checks_fixtures import edit_shard
-from conftest import EXAMPLES
+from conformance_paths import EXAMPLES
 from typer.testing import CliRunner
 
 from exl3tool.actions.validate import validate_path
