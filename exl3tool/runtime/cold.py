@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
+from exl3tool.rules.errors import InputError
 from exl3tool.trellis.weight import effective_weight
 
 PROJS = ("gate_proj", "up_proj", "down_proj")
@@ -64,9 +65,12 @@ class _Files:
         self.handles: dict[str, Any] = {}
         for f in files:
             path = str(Path(directory) / f)
-            with safe_open(path, framework="pt") as h:
-                for name in h.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    self.where[name] = path
+            try:
+                with safe_open(path, framework="pt") as h:
+                    for name in h.keys():  # noqa: SIM118 - safe_open is not a mapping
+                        self.where[name] = path
+            except (OSError, SafetensorError) as exc:  # `validate` names the defect exactly
+                raise InputError(f"{path}: not a readable safetensors file ({exc})") from None
 
     def get(self, name: str) -> torch.Tensor:
         path = self.where[name]
