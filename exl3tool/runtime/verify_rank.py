@@ -58,8 +58,10 @@ class RankRun:
     work: Path
     layers: list[int]
     sha_a: str
-    manifest: dict[str, Any]
-    cold_a: ColdIndex
+    manifest: dict[str, Any] = field(default_factory=dict)
+    # the cold side opens the adapters' files only once staging accepted them: a defective
+    # cartridge is staging's finding, never a safetensors error of the cold reader
+    cold_a: ColdIndex | None = None
     cold_b: ColdIndex | None = None
     staged_a: Staged | None = None
     staged_b: Staged | None = None
@@ -115,9 +117,6 @@ def _rank_checks(comm: Comm, opts: VerifyOptions, work: Path) -> RankResult:
         work,
         layers,
         hashlib.sha256(manifest_bytes).hexdigest(),
-        json.loads(manifest_bytes),
-        ColdIndex(opts.base, opts.adapter),
-        ColdIndex(opts.base, opts.adapter_b) if opts.adapter_b is not None else None,
     )
     progress = LayerProgress(len(layers), PHASES, enabled=opts.progress and comm.rank == 0)
     try:
@@ -147,6 +146,10 @@ def _stage_adapters(run: RankRun, engine: SwapEngine) -> bool:
                 run.staged_b = engine.stage_once(run.opts.adapter_b)
             except StagingFailed as exc:
                 run.notes.append(f"adapter B was refused by staging: {exc}")
+    run.manifest = json.loads((run.opts.adapter / "adapter_config.json").read_bytes())
+    run.cold_a = ColdIndex(run.opts.base, run.opts.adapter)
+    if run.staged_b is not None and run.opts.adapter_b is not None:
+        run.cold_b = ColdIndex(run.opts.base, run.opts.adapter_b)
     return True
 
 
@@ -204,6 +207,7 @@ def _cold_a(run: RankRun, engine: SwapEngine, base, inp: vs.Inputs, hot_a: vs.Ou
     opts, comm, L = run.opts, run.comm, base.layers[0]
     dense = load_dense(opts.dense, [L], comm.device)[L] if opts.dense is not None else None
     chain_k = {c["label"]: int(c["k"]) for c in run.manifest["chain"]}
+    assert run.cold_a is not None  # set once staging accepted A
     spec = vs.ColdPassSpec(
         run.cold_a,
         L,
@@ -242,10 +246,11 @@ def _after_load(
     """Swap A → B (when given), deactivate, and the failure drills (once, on a layer of A)."""
     opts, timer = run.opts, run.timer
     if opts.adapter_b is not None:
-        assert run.cold_b is not None
-        spec = vs.ColdPassSpec(run.cold_b, L, inp, run.comm, run.comm.device)
+        cold_index = run.cold_b
 
         def cold_b() -> vs.Outputs:
+            assert cold_index is not None  # swap_check calls it only once B has loaded
+            spec = vs.ColdPassSpec(cold_index, L, inp, run.comm, run.comm.device)
             with timer("decode.cold"):
                 return vs.cold_pass(spec).outputs
 
