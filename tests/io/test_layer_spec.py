@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exl3tool.io.layer_spec import LayerSpec, parse_layer_spec
@@ -24,6 +24,7 @@ def test_malformed_specs_are_usage_errors(bad: str) -> None:
         parse_layer_spec(bad)
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(st.text(max_size=12))
 def test_any_text_parses_or_is_a_usage_error(text: str) -> None:
     try:

@@ -87,13 +87,13 @@ def _agrees_with_stdlib(text: str | bytes) -> None:
         assert ok and value == ref, text
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(st.text(max_size=200))
 def test_loads_never_raises(text: str) -> None:
     _agrees_with_stdlib(text)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.binary(max_size=200))
 def test_loads_never_raises_on_bytes(data: bytes) -> None:
     _agrees_with_stdlib(data)
@@ -102,7 +102,7 @@ def test_loads_never_raises_on_bytes(data: bytes) -> None:
 _JSONISH = st.text(alphabet='{}[]":,0123456789-.eE tnrufalsNIy\\', max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(_JSONISH)
 def test_loads_agrees_with_stdlib_on_jsonish_text(text: str) -> None:
     _agrees_with_stdlib(text)
