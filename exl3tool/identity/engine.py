@@ -18,8 +18,10 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
+from exl3tool.io.progress import NO_PROGRESS, Progress
 from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo
 from exl3tool.io.views import InputChanged, PayloadFile
+from exl3tool.io.workers import run_threads
 from exl3tool.rules.errors import InputError, UsageError
 
 ALGORITHMS = ("blake3", "sha256")
@@ -37,10 +39,6 @@ DROP_EVERY = 32 << 20  # bytes a worker hashes between progress updates
 class Hasher(Protocol):
     def update(self, data: Any, /) -> object: ...
     def hexdigest(self) -> str: ...
-
-
-class ProgressLike(Protocol):
-    def advance(self, n: int = 1) -> None: ...
 
 
 class Segment(NamedTuple):
@@ -131,11 +129,6 @@ def _constructor(algo: str) -> Any:
     import blake3
 
     return blake3.blake3
-
-
-class _NoProgress:
-    def advance(self, n: int = 1) -> None:
-        return None
 
 
 # A small job is one int in its file's list, (start << 52) | (bytes << 32) | job: sorting the
@@ -306,7 +299,7 @@ def hash_segments(
     jobs: Iterable[tuple[K, Sequence[Segment]]],
     algo: str = "sha256",
     threads: int | None = None,
-    progress: ProgressLike | None = None,
+    progress: Progress | None = None,
     expected: dict[Path, FileStamp] | None = None,
 ) -> dict[K, str]:
     """Hex digest per job of the concatenation of its segments, jobs hashed in parallel.
@@ -319,7 +312,7 @@ def hash_segments(
     """
     ctor = _constructor(algo)
     threads = max(1, threads or default_threads())
-    prog = progress or _NoProgress()
+    prog = progress or NO_PROGRESS
     plan = _plan(jobs, algo, threads)
     files = _open_all(plan.paths, expected)
     digests: list[Any] = [None] * len(plan.keys)
@@ -345,7 +338,7 @@ def hash_segments(
         w.track.flush()
 
     try:
-        _run_pool(worker, min(threads, len(plan.units)))
+        run_threads([worker] * max(1, min(threads, len(plan.units))), "exl3hash")
         if errors:
             raise errors[0]
         for f in files.values():  # the stability proof: nothing changed while it was hashed
@@ -355,22 +348,11 @@ def hash_segments(
     return dict(zip(plan.keys, digests, strict=True))
 
 
-def _run_pool(worker: Any, n: int) -> None:
-    if n <= 1:
-        worker()
-        return
-    pool = [threading.Thread(target=worker, name=f"exl3hash-{w}", daemon=True) for w in range(n)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-
-
 def hash_tensors(
     items: Iterable[tuple[K, SafetensorsFile, TensorInfo]],
     algo: str = "sha256",
     threads: int | None = None,
-    progress: ProgressLike | None = None,
+    progress: Progress | None = None,
 ) -> dict[K, str]:
     """Hex digest of each tensor's raw payload bytes (the safetensors data span, no header)."""
     expected: dict[Path, FileStamp] = {}
@@ -387,7 +369,7 @@ def hash_files(
     paths: Iterable[Path],
     algo: str = "sha256",
     threads: int | None = None,
-    progress: ProgressLike | None = None,
+    progress: Progress | None = None,
     expected: dict[Path, FileStamp] | None = None,
 ) -> dict[Path, str]:
     """Hex digest of each whole file (as `sha256sum` / `b3sum` print it). `expected`: stamps

@@ -28,8 +28,8 @@ from exl3tool.identity.engine import (
 )
 from exl3tool.identity.logical import LogicalPlan, PlanProblem, build_plan
 from exl3tool.io.gcpause import paused_gc
+from exl3tool.io.layer_spec import parse_layer_spec
 from exl3tool.io.strict_json import canonical_json
-from exl3tool.rules.errors import UsageError
 
 SCHEMA = "exl3tool-identity/1"
 LAYER_DOMAIN = b"exl3tool-identity/1:layer\n"
@@ -89,18 +89,9 @@ def _key_order(key: str) -> tuple[int, int]:
 
 
 def parse_layers(spec: str) -> frozenset[str]:
-    """`3-5,7,other` -> {"3", "4", "5", "7", "other"}."""
-    out: set[str] = set()
-    for part in spec.split(","):
-        part = part.strip()
-        if part == OTHER:
-            out.add(OTHER)
-            continue
-        lo, sep, hi = part.partition("-")
-        if not (lo.isdigit() and (not sep or hi.isdigit())) or (sep and int(hi) < int(lo)):
-            raise UsageError(f"--layers {spec!r}: expected e.g. 3-5,7 or other")
-        out.update(str(i) for i in range(int(lo), int(hi if sep else lo) + 1))
-    return frozenset(out)
+    """`3-5,7,other` -> {"3", "4", "5", "7", "other"} (the grammar of io/layer_spec)."""
+    parsed = parse_layer_spec(spec, (OTHER,))
+    return frozenset(map(str, parsed.layers)) | parsed.keywords
 
 
 def _name(entry: tuple[str, TensorDigest]) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from exl3tool.io.layer_spec import ALL, parse_layer_spec
 from exl3tool.rules.errors import InputError
 from exl3tool.runtime.compare import Tally, compare
 from exl3tool.runtime.distributed import env_world, from_env, launch_local
@@ -154,21 +155,11 @@ class Timer:
 
 
 def parse_layers(spec: str | None) -> list[int] | None:
-    """`3`, `3,5`, `3-6`, `all` (None)."""
-    if spec is None or spec.strip() in ("", "all"):
+    """`3`, `3,5`, `3-6`, `all` (None): the grammar of io/layer_spec (UsageError otherwise)."""
+    if spec is None or spec.strip() == "":
         return None
-    out: set[int] = set()
-    for part in spec.split(","):
-        part = part.strip()
-        if "-" in part:
-            a, b = part.split("-", 1)
-            lo, hi = int(a), int(b)
-            if hi < lo:
-                raise ValueError(f"empty layer range {part!r}")
-            out.update(range(lo, hi + 1))
-        else:
-            out.add(int(part))
-    return sorted(out)
+    parsed = parse_layer_spec(spec, (ALL,))
+    return None if parsed.keywords else sorted(parsed.layers)
 
 
 def adapter_layers(adapter: Path) -> list[int]:

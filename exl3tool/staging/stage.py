@@ -23,7 +23,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from exl3tool.identity.engine import new_hasher
 from exl3tool.io.atomic import atomic_dir, remove_stale_temps
 from exl3tool.io.paths import PathViolation, open_inside
 from exl3tool.io.safetensors import FileStamp
+from exl3tool.io.workers import map_threads
 from exl3tool.rules import cartridge as ca
 from exl3tool.rules import io as io_rules
 from exl3tool.rules.crash import CA_CRASH
@@ -170,8 +170,7 @@ def copy_verified(
     # every shard at once by default: the OS balances uneven shards over the cores (GIL released
     # by hashlib, blake3 and file I/O on large buffers)
     workers = max(1, min(threads or 4 * (os.cpu_count() or 1), len(entries) or 1))
-    with ThreadPoolExecutor(workers) as pool:
-        results = list(pool.map(lambda e: _copy_one(cart.root, e, dest, progress), entries))
+    results = map_threads(lambda e: _copy_one(cart.root, e, dest, progress), entries, workers)
     copied = []
     for entry, (cf, problems) in zip(entries, results, strict=True):
         for r, msg in problems:

@@ -18,6 +18,7 @@ every `WRITEBACK` bytes so that the publishing fsync finds little left to do.
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import threading
@@ -31,6 +32,7 @@ from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.identity.engine import default_threads, new_hasher
 from exl3tool.io.safetensors import FileStamp
 from exl3tool.io.st_writer import TensorSpec, build_header
+from exl3tool.io.workers import run_threads
 from exl3tool.tp.slices import TensorSlice
 
 CHUNK = 8 << 20  # bytes per write / per gather buffer
@@ -524,13 +526,6 @@ def _run_consumers(
             errors.append(exc)
             window.fail()
 
-    pool = [
-        threading.Thread(target=loop, args=(c,), name=f"exl3slice-{i}", daemon=True)
-        for i, c in enumerate(consumers)
-    ]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+    run_threads([functools.partial(loop, c) for c in consumers], "exl3slice")
     if errors:
         raise errors[0]
