@@ -107,10 +107,7 @@ def run(opts: Options) -> VerifyResult:
     from exl3tool.runtime.distributed import env_world
     from exl3tool.runtime.verify import VerifyOptions, parse_layers, run_verify
 
-    try:
-        selected = parse_layers(opts.layers)
-    except ValueError as exc:
-        raise UsageError(f"--layers {opts.layers!r}: {exc}") from None
+    selected = parse_layers(opts.layers)  # a malformed spec is a UsageError (io/layer_spec)
     refused = tp_refusal(base, [a for a in (adapter, adapter_b) if a is not None], opts.tp)
     if refused is not None:
         return VerifyResult(None, refused)
