@@ -241,3 +241,14 @@ def test_cartridge_rule_numbers_exist_in_msrt_section_9() -> None:
                 cited |= set(group.split(", "))
             cited |= set(re.findall(r"\b(P\d)\b", text))
     assert cited and cited <= numbered
+
+
+def test_citations_name_pages_in_the_repository() -> None:
+    """Docs and help cite docs/formats/*, not the spec files the pages replaced (issue 12)."""
+    old = re.compile(r"\b(?:exl3-format|msrt-cartridge-format|r7-checkpoint-format)\.md")
+    stale = [
+        p.relative_to(REPO).as_posix()
+        for p in [*_cited_files(), RULES_MD]
+        if old.search(p.read_text(errors="replace"))
+    ]
+    assert not stale, "cite docs/formats/{exl3,msrt,r7}.md instead: " + ", ".join(stale)

@@ -228,7 +228,7 @@ def _expert_method(ctx: _Context, layer: int, module: str) -> str:
 
 
 def _divided(proj: str, fld: str) -> bool:
-    """Which expert fields the runtime splits across ranks (r7 §3.4): the trellis, and the
+    """Which expert fields the runtime splits across ranks (docs/formats/r7.md §3.4): the trellis, and the
     intermediate-side rotation (gate/up svh, down suh); the hidden side and markers replicate."""
     if fld == "trellis":
         return True

@@ -1,4 +1,4 @@
-"""Checks of a cartridge-capable EXL3 base, `exl3-msrt-base/1` (msrt-cartridge-format.md §5-§6).
+"""Checks of a cartridge-capable EXL3 base, `exl3-msrt-base/1` (docs/formats/msrt.md §5-§6).
 
 Headers and configs are always checked (closed profile, rank0 storage, four components per
 (expert, projection), uniform K == bits, geometry, the published identity's self-consistency:

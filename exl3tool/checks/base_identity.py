@@ -1,4 +1,4 @@
-"""Digests of an `exl3-msrt-base/1` base (msrt-cartridge-format.md §5-§6): the published
+"""Digests of an `exl3-msrt-base/1` base (docs/formats/msrt.md §5-§6): the published
 compatibility identity (self-consistency always, recomputed from the bytes under `--hash`) and
 the MANIFEST.sha256 file list."""
 

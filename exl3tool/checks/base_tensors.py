@@ -1,4 +1,4 @@
-"""The routed-expert tensors of an `exl3-msrt-base/1` base (msrt-cartridge-format.md §5-§6.1):
+"""The routed-expert tensors of an `exl3-msrt-base/1` base (docs/formats/msrt.md §5-§6.1):
 rank0 storage, four components per (expert, projection), trellis geometry, F16 vectors, the mcg
 marker, one uniform K equal to `bits`, layer coverage, experts per layer and the routers."""
 

@@ -1,4 +1,4 @@
-"""Manifest contract of `fq-cartridge-adapter/3` (msrt-cartridge-format.md §4, §7, §9 B).
+"""Manifest contract of `fq-cartridge-adapter/3` (docs/formats/msrt.md §4, §7, §9 B).
 
 The JSON Schema (`schemas/fq-cartridge-adapter-3.schema.json`) runs first; each schema error
 becomes a finding of the rule that owns the field, with its JSON pointer. The semantic rules the

@@ -1,4 +1,4 @@
-"""Key index and per-layer tensor rules (msrt-cartridge-format.md §3, §7, §9 C and D).
+"""Key index and per-layer tensor rules (docs/formats/msrt.md §3, §7, §9 C and D).
 
 Reads headers and the 4-byte scale payloads only. Geometry against the base sizes is checked when
 the caller passes them (`Geometry`); without a base, shapes are checked for 128-alignment and for

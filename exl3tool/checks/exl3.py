@@ -1,5 +1,5 @@
-"""Checks of plain `tensor_storage` EXL3 checkpoints (EX rules; exl3-format.md §2 and
-r7-checkpoint-format.md §8). The per-linear rules are in `exl3_linear`."""
+"""Checks of plain `tensor_storage` EXL3 checkpoints (EX rules; docs/formats/exl3.md §2 and
+docs/formats/r7.md §8). The per-linear rules are in `exl3_linear`."""
 
 from __future__ import annotations
 

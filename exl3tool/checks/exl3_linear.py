@@ -1,4 +1,4 @@
-"""EXL3 linears (EX rules, exl3-format.md §1): one `{prefix}.trellis/.suh/.svh[.mcg|.mul1][.bias]`
+"""EXL3 linears (EX rules, docs/formats/exl3.md §1): one `{prefix}.trellis/.suh/.svh[.mcg|.mul1][.bias]`
 group at a time; marker reads and the NaN/Inf scan are deferred to `flush_payload_checks`.
 Shared by the plain EXL3, R7 and rank-sliced families."""
 

@@ -1,4 +1,4 @@
-"""Checks of R7 checkpoints (R7 rules; r7-checkpoint-format.md §1-§6, §9): the entry point.
+"""Checks of R7 checkpoints (R7 rules; docs/formats/r7.md §1-§6, §9): the entry point.
 
 Order: the block (schema, then the integer rules vLLM enforces; `r7_block`), embedded vs external
 copies, every routed expert of every layer (`r7_experts`), per-layer manifests (`r7_manifests`),

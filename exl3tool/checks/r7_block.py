@@ -1,4 +1,4 @@
-"""R7 block and config copies (r7-checkpoint-format.md §1-§2): the `r7_routed_experts` block's
+"""R7 block and config copies (docs/formats/r7.md §1-§2): the `r7_routed_experts` block's
 schema and integer rules (as vLLM enforces them), embedded vs external quantization config."""
 
 from __future__ import annotations

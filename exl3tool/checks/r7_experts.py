@@ -1,4 +1,4 @@
-"""R7 routed experts (r7-checkpoint-format.md §3): every (layer, expert, projection) of
+"""R7 routed experts (docs/formats/r7.md §3): every (layer, expert, projection) of
 moe_layers: presence, K, geometry, markers, vectors; header-only except 4-byte marker reads and a
 finiteness scan of the scale vectors (both deferred to the payload flush)."""
 

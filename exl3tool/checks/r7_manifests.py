@@ -1,4 +1,4 @@
-"""R7 per-layer manifests (r7-checkpoint-format.md §4): presence, schema, agreement with the
+"""R7 per-layer manifests (docs/formats/r7.md §4): presence, schema, agreement with the
 payload (layer, shard, shared vectors, bit_map, allocation) and, under `--hash`, their digests."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""R7 checkpoint manifest (r7-checkpoint-format.md §5): MANIFEST.json's files_sha256 and
+"""R7 checkpoint manifest (docs/formats/r7.md §5): MANIFEST.json's files_sha256 and
 r7_layer_manifest_sha256, and the MANIFEST.sha256 seal; digests recomputed under `--hash`."""
 
 from __future__ import annotations

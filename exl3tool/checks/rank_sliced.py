@@ -1,4 +1,4 @@
-"""Checks of the legacy rank-sliced profile, `hybrid_tr3_tail` with `tp` (RS rules, r7 §7.1).
+"""Checks of the legacy rank-sliced profile, `hybrid_tr3_tail` with `tp` (RS rules, docs/formats/r7.md §7.1).
 
 Used for rank-sliced checkpoints and for the MTP layer an R7 checkpoint carries under the tail (§6).
 """

@@ -73,7 +73,7 @@ def slice_cmd(
         typer.Option("--sha256", help="Also record each output file's sha256 (blake3 always)."),
     ] = False,
 ) -> None:
-    """Slice for tensor parallelism; each rank reads only its own bytes (exl3-format.md §6)."""
+    """Slice for tensor parallelism; each rank reads only its own bytes (docs/formats/exl3.md §6)."""
     from exl3tool.actions import slice as action
     from exl3tool.report.slice import plan_text
 

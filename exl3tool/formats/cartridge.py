@@ -1,4 +1,4 @@
-"""A cartridge as manifest + shard headers + a key index (msrt-cartridge-format.md §2-§4, §9 A/C).
+"""A cartridge as manifest + shard headers + a key index (docs/formats/msrt.md §2-§4, §9 A/C).
 
 `load_cartridge` reads `adapter_config.json` and every listed shard's safetensors header; payload
 bytes are never read. Files are opened without following symlinks (`io.paths.open_inside`), except

@@ -1,6 +1,6 @@
 """EXL3 linear groups: `{prefix}.trellis/.suh/.svh` (+ marker, bias, legacy su/sv).
 
-exl3-format.md §1: K = trellis.shape[-1] / 16; integer 1..8, or 1.5/2.5/3.5 with mul1 only.
+docs/formats/exl3.md §1: K = trellis.shape[-1] / 16; integer 1..8, or 1.5/2.5/3.5 with mul1 only.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def k_of_last_dim(last: int) -> float | int | None:
 
 
 def codebook_of(parts: dict[str, object]) -> str:
-    """Codebook selected by marker presence (exl3-format.md §4): mcg, mul1 or 3inst."""
+    """Codebook selected by marker presence (docs/formats/exl3.md §4): mcg, mul1 or 3inst."""
     if "mcg" in parts:
         return "mcg"
     if "mul1" in parts:

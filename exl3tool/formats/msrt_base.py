@@ -1,4 +1,4 @@
-"""A cartridge-capable base's config.json, parsed once (msrt-cartridge-format.md §5-§6).
+"""A cartridge-capable base's config.json, parsed once (docs/formats/msrt.md §5-§6).
 
 The profile joins the model sizes (`hidden_size`, the MoE intermediate size, the routed expert
 count) with the typed `hybrid_tr3_tail` of `formats.tail`. It knows no rules: `checks/base*.py`

@@ -1,4 +1,4 @@
-"""Constants and naming of `fq-cartridge-adapter/3` and `exl3-msrt-base/1` (msrt-cartridge-format.md).
+"""Constants and naming of `fq-cartridge-adapter/3` and `exl3-msrt-base/1` (docs/formats/msrt.md).
 
 One place for the closed field sets, constant values, label/key regexes and the trellis geometry
 so that the builder, the checks, the TP converter and the runtime tables agree.

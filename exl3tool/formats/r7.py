@@ -1,4 +1,4 @@
-"""R7 checkpoint models (r7-checkpoint-format.md §2-§4): the routed-experts block and what the
+"""R7 checkpoint models (docs/formats/r7.md §2-§4): the routed-experts block and what the
 payload says per layer. Models only; the R7 rules live in `checks/r7*.py`."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """`config.json` → `hybrid_tr3_tail`, read once.
 
-One block, three profiles: the legacy rank-sliced tail (r7-checkpoint-format.md §7.1), the MTP
+One block, three profiles: the legacy rank-sliced tail (docs/formats/r7.md §7.1), the MTP
 layer an R7 checkpoint carries under it (§6), and the closed `exl3-msrt-base/1` profile of a
-cartridge-capable base (msrt-cartridge-format.md §5). The model keeps the block as written
+cartridge-capable base (docs/formats/msrt.md §5). The model keeps the block as written
 (`raw`, for the checks' messages) and the fields the code branches on, typed; a field of the
 wrong type reads as None. Models know no rules: the checks report what is wrong.
 """
@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exl3tool.formats.msrt_spec import BASE_PROFILE as MSRT_BASE_PROFILE  # msrt §5
+from exl3tool.formats.msrt_spec import BASE_PROFILE as MSRT_BASE_PROFILE  # docs/formats/msrt.md §5
 from exl3tool.io.strict_json import is_json_int
 
 KEY = "hybrid_tr3_tail"
 POINTER = "/hybrid_tr3_tail"
-RANK_SLICED_FORMAT = "exl3-trellis"  # r7 §7.1 `format`
+RANK_SLICED_FORMAT = "exl3-trellis"  # docs/formats/r7.md §7.1 `format`
 
 
 def layer_range(value: Any) -> tuple[int, int] | None:

@@ -1,4 +1,4 @@
-"""The runtime-compatible MSRT base identity (msrt-cartridge-format.md §6), always sha256.
+"""The runtime-compatible MSRT base identity (docs/formats/msrt.md §6), always sha256.
 
 layer  = sha256(canonical_json({"schema": "fq-msrt-base-layer-compatibility/1", "k": K,
                                 "layer": L, "tensors": [records sorted by name]}))
@@ -232,7 +232,7 @@ def stray_ranks(ckpt: Checkpoint) -> list[str]:
 
 def runtime_view(ckpt: Checkpoint) -> Checkpoint:
     """The tensors the runtime loads from a base: it drops every rank >= 1 name and computes the
-    identity over rank0 (msrt-cartridge-format.md §5), so a stray `.rank1.` tensor is MB005, not
+    identity over rank0 (docs/formats/msrt.md §5), so a stray `.rank1.` tensor is MB005, not
     a different identity. Other artifacts are returned unchanged."""
     stray = set(stray_ranks(ckpt))
     if not stray:

@@ -1,6 +1,6 @@
 """The project's one hashing engine: tensor payloads and whole files, read with pread.
 
-msrt-cartridge-format.md §11.1: hashlib and blake3 release the GIL for large buffers, so a pool
+docs/formats/msrt.md §11.1: hashlib and blake3 release the GIL for large buffers, so a pool
 of one-hasher-per-tensor workers scales with cores; a blake3 hasher is never shared between
 threads. Tensors too large to balance across the pool get a multi-threaded blake3 hasher.
 Each worker reads into reusable buffers (no mmap: a file truncated under a mapping kills the

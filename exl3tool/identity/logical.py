@@ -1,7 +1,7 @@
 """Logical tensors of an artifact: physical names, shards and TP rank slices resolved away.
 
-A tensor named `...{proj}.rank{r}.{field}` (legacy rank-sliced schema, r7-checkpoint-format.md
-§7.1; MSRT bases and cartridges, msrt-cartridge-format.md §3, §5, §8) is one slice of the logical
+A tensor named `...{proj}.rank{r}.{field}` (legacy rank-sliced schema, docs/formats/r7.md
+§7.1; MSRT bases and cartridges, docs/formats/msrt.md §3, §5, §8) is one slice of the logical
 tensor `...{proj}.{field}`. Its logical bytes are the row-major bytes of the slices concatenated
 on the split axis, so a logical tensor is a list of byte `Segment`s fed to one hasher in order:
 

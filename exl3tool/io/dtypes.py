@@ -1,4 +1,4 @@
-"""safetensors dtypes: bit sizes and numpy equivalents (r7-checkpoint-format.md §10.1).
+"""safetensors dtypes: bit sizes and numpy equivalents (docs/formats/r7.md §10.1).
 
 numpy is not imported here: header parsing and hashing (`validate`, `identity`) never need it.
 `NUMPY` (safetensors dtype -> `np.dtype`) is built on first access.

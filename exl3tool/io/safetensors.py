@@ -1,4 +1,4 @@
-"""Strict safetensors header parser (r7-checkpoint-format.md §10.2, rules S1-S12).
+"""Strict safetensors header parser (docs/formats/r7.md §10.2, rules S1-S12).
 
 Reads the 8-byte length and the header only; tensor bytes are never touched. Every defect is a
 finding; entries that are themselves valid are still returned so later checks can run.

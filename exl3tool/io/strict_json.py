@@ -152,7 +152,7 @@ def is_json_int(value: Any) -> bool:
 
 
 def canonical_json(value: Any) -> bytes:
-    """Canonical JSON bytes: sorted keys, compact separators, ASCII (msrt-cartridge-format.md §6.2)."""
+    """Canonical JSON bytes: sorted keys, compact separators, ASCII (docs/formats/msrt.md §6.2)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 

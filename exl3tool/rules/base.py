@@ -1,4 +1,4 @@
-"""Rules of cartridge-capable EXL3 bases `exl3-msrt-base/1` (MB; msrt-cartridge-format.md §5-§6, P7-P9)."""
+"""Rules of cartridge-capable EXL3 bases `exl3-msrt-base/1` (MB; docs/formats/msrt.md §5-§6, P7-P9)."""
 
 from exl3tool.rules.registry import Severity, rule
 

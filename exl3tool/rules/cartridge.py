@@ -1,4 +1,4 @@
-"""Rules of MSRT cartridges `fq-cartridge-adapter/3` (CA; msrt-cartridge-format.md §9 A-E).
+"""Rules of MSRT cartridges `fq-cartridge-adapter/3` (CA; docs/formats/msrt.md §9 A-E).
 
 Path hygiene reuses PA001-PA005, JSON syntax JS0xx and safetensors structure ST0xx.
 """

@@ -5,7 +5,7 @@ docs/runtime-conformance.md is generated from this module (`python3 -m exl3tool.
 tests/conformance/test_map.py keeps it, the registry and the fixtures in step. Runtime functions
 are named as in the public fork (`local-inference-lab/vllm`,
 `vllm/model_executor/layers/quantization/exl3.py` and `exl3_lora_cartridge.py`, and the staging
-functions that msrt-cartridge-format.md §9 names); what they check is said in our own words.
+functions that docs/formats/msrt.md §9 names); what they check is said in our own words.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rules of `exl3tool decode`: inputs the trellis codec cannot decode (exl3-format.md §1, §3)."""
+"""Rules of `exl3tool decode`: inputs the trellis codec cannot decode (docs/formats/exl3.md §1, §3)."""
 
 from exl3tool.rules.registry import Severity, rule
 
@@ -9,7 +9,7 @@ DC_MISSING = rule(
     "decode-missing-companion",
     E,
     "A tensor of the EXL3 linear to decode is missing",
-    "Decoding needs PREFIX.trellis, PREFIX.suh and PREFIX.svh (exl3-format.md §1); without them "
+    "Decoding needs PREFIX.trellis, PREFIX.suh and PREFIX.svh (docs/formats/exl3.md §1); without them "
     "there is nothing, or only half a transform, to decode.",
     "Check the --tensor prefix (no trailing .trellis) against `exl3tool inspect`.",
 )
@@ -19,7 +19,7 @@ DC_SHAPE = rule(
     E,
     "A tensor of the EXL3 linear has the wrong dtype or shape",
     "trellis must be int16 [k/16, n/16, 16K], suh fp16 [k], svh fp16 [n], k and n multiples of "
-    "128 (exl3-format.md §1, §1.4).",
+    "128 (docs/formats/exl3.md §1, §1.4).",
     "The checkpoint is damaged or not EXL3; run `exl3tool validate` on it.",
 )
 DC_RATE = rule(
@@ -28,7 +28,7 @@ DC_RATE = rule(
     E,
     "The trellis's bits per weight cannot be decoded with its codebook",
     "K = last dim / 16 must be 1..8, or 1.5/2.5/3.5 with the mul1 codebook; at most one of the "
-    ".mcg / .mul1 markers may be present (exl3-format.md §1.1).",
+    ".mcg / .mul1 markers may be present (docs/formats/exl3.md §1.1).",
     "Run `exl3tool validate`; re-convert the layer if its trellis or markers are damaged.",
 )
 DC_DEVICE = rule(

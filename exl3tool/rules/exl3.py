@@ -1,4 +1,4 @@
-"""Rules of EXL3 linears and the `tensor_storage` map (EX); exl3-format.md §1-§2, r7 §8."""
+"""Rules of EXL3 linears and the `tensor_storage` map (EX); docs/formats/exl3.md §1-§2, docs/formats/r7.md §8."""
 
 from exl3tool.rules.registry import Severity, rule
 
@@ -9,7 +9,7 @@ EX_TRELLIS_DTYPE = rule(
     "trellis-dtype",
     E,
     "Trellis is not an I16 rank-3 tensor",
-    "A trellis is int16 [k/16, n/16, 16*K] (exl3-format.md §1); kernels read it as such.",
+    "A trellis is int16 [k/16, n/16, 16*K] (docs/formats/exl3.md §1); kernels read it as such.",
     "Re-export the trellis as I16 with three dimensions.",
 )
 EX_TRELLIS_K = rule(
@@ -145,7 +145,7 @@ EX_STORAGE_MISSING = rule(
     "tensor-storage-missing",
     E,
     "tensor_storage map missing or empty",
-    "vLLM needs quantization_config.json with a non-empty tensor_storage map to find EXL3 modules (r7 §8).",
+    "vLLM needs quantization_config.json with a non-empty tensor_storage map to find EXL3 modules (docs/formats/r7.md §8).",
     "Ship the quantization_config.json written by the converter.",
 )
 EX_STORAGE_ABSENT = rule(
@@ -185,7 +185,7 @@ EX_STORAGE_RECORD = rule(
     "tensor-storage-record",
     E,
     "Malformed tensor_storage record",
-    "An exl3 record needs stored_tensors with trellis, suh|su and svh|sv, and not both mcg and mul1 (r7 §8).",
+    "An exl3 record needs stored_tensors with trellis, suh|su and svh|sv, and not both mcg and mul1 (docs/formats/r7.md §8).",
     "Regenerate quantization_config.json from the shards.",
 )
 EX_STORAGE_MULTIPLIER = rule(

@@ -58,7 +58,7 @@ ID_REPLICA = rule(
     E,
     "A replicated rank copy differs from rank 0's copy",
     "Replicated tensors (suh/svh halves, mcg, scales) must be byte-identical on every TP rank; "
-    "ranks would otherwise compute with different weights (msrt-cartridge-format.md §8).",
+    "ranks would otherwise compute with different weights (docs/formats/msrt.md §8).",
     "Re-slice the artifact from its full-rank source.",
 )
 ID_SLICES = rule(
@@ -67,7 +67,7 @@ ID_SLICES = rule(
     E,
     "Rank slices do not reassemble into one logical tensor",
     "A missing rank or slices of mismatched shape cannot form the full tensor "
-    "(r7-checkpoint-format.md §7.1), so its logical identity is undefined.",
+    "(docs/formats/r7.md §7.1), so its logical identity is undefined.",
     "Re-slice the artifact; every rank 0..W-1 needs a slice of the same geometry.",
 )
 ID_FILE = rule(
@@ -92,7 +92,7 @@ ID_COMPAT_INCOMPLETE = rule(
     W,
     "The MSRT base compatibility identity cannot be computed cleanly",
     "An MSRT base needs every expert with all three projections and trellis/suh/svh/mcg at one "
-    "K in 2..6 (msrt-cartridge-format.md §6.1); otherwise no cartridge can be pinned to it.",
+    "K in 2..6 (docs/formats/msrt.md §6.1); otherwise no cartridge can be pinned to it.",
     "Fix the base's expert tensors; `exl3tool validate` names the defects.",
 )
 ID_PUBLISHED_COMPAT = rule(

@@ -1,6 +1,6 @@
 """Rules of R7 checkpoints (R7) and of the legacy rank-sliced profile (RS).
 
-r7-checkpoint-format.md §1-§6 (R7) and §7.1 (RS).
+docs/formats/r7.md §1-§6 (R7) and §7.1 (RS).
 """
 
 from exl3tool.rules.registry import Severity, rule
@@ -97,7 +97,7 @@ R7_SIZES = rule(
     "model-sizes",
     E,
     "hidden_size / moe_intermediate_size missing or not 128-aligned",
-    "Expert trellis geometry follows from them; EXL3 needs multiples of 128 (exl3-format.md §1.4).",
+    "Expert trellis geometry follows from them; EXL3 needs multiples of 128 (docs/formats/exl3.md §1.4).",
     "Fix config.json (stored sizes are 128-aligned).",
 )
 R7_LAYER_MISSING = rule(

@@ -1,5 +1,5 @@
-"""Rules of tensor-parallel slicing plans and their outputs (TP): exl3-format.md §6,
-r7-checkpoint-format.md §3.4 / §7, msrt-cartridge-format.md §8."""
+"""Rules of tensor-parallel slicing plans and their outputs (TP): docs/formats/exl3.md §6,
+docs/formats/r7.md §3.4 / §7, docs/formats/msrt.md §8."""
 
 from exl3tool.rules.registry import Severity, rule
 
@@ -11,7 +11,7 @@ TP_CUTS_HADAMARD = rule(
     E,
     "TP split would cut a 128-channel Hadamard block",
     "EXL3 rotates weights in 128-wide Hadamard blocks: a slice boundary that is not a multiple "
-    "of 128 decodes a correct Ŵ but a wrong effective weight (exl3-format.md §6).",
+    "of 128 decodes a correct Ŵ but a wrong effective weight (docs/formats/exl3.md §6).",
     "Pick a TP size that divides the size into multiples of 128, or use --mode expert.",
 )
 TP_EMPTY_RANK = rule(

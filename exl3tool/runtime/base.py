@@ -1,8 +1,8 @@
 """The MSRT base as one TP rank holds it: its slice of every routed expert, decoded once.
 
-An `exl3-msrt-base/1` base stores rank0 full logical tensors (msrt-cartridge-format.md §5); each
+An `exl3-msrt-base/1` base stores rank0 full logical tensors (docs/formats/msrt.md §5); each
 rank slices its part at load (gate/up column-parallel on the expert intermediate axis, down
-row-parallel, exl3-format.md §6) from the TP plan's ranges, and keeps only that slice: trellis,
+row-parallel, docs/formats/exl3.md §6) from the TP plan's ranges, and keeps only that slice: trellis,
 the matching suh/svh and the decoded `W_eff`.
 """
 
@@ -45,7 +45,7 @@ def role(proj: str) -> str:
 def slice_linear(
     proj: str, arrays: dict[str, np.ndarray], first: int, last: int
 ) -> dict[str, np.ndarray]:
-    """One rank's numpy views of a linear's fields, cut by the TP plan (exl3-format.md §6)."""
+    """One rank's numpy views of a linear's fields, cut by the TP plan (docs/formats/exl3.md §6)."""
     return tp_linear.slice_linear(arrays, role(proj), first, last)
 
 

@@ -3,7 +3,7 @@
 Deliberately independent of everything the hot path uses: no staging, no runtime tables, no TP
 plan, no trellis slicing. It reads `adapter_config.json` with `json`, tensors with
 `safetensors.safe_open`, decodes every FULL effective weight, computes `1/scale` in double and
-rounds it to fp32 (msrt-cartridge-format.md §1.2), takes each stage's K from its trellis shape
+rounds it to fp32 (docs/formats/msrt.md §1.2), takes each stage's K from its trellis shape
 (last dim / 16) and applies the chain in manifest order. For a TP rank it cuts the DECODED
 weights with plain arithmetic (`r·I/N`). Its forward performs the same floating-point operations
 as the runtime (precision policy in `runtime.linear`), so a correct hot load matches it bit for bit.

@@ -1,4 +1,4 @@
-"""A swap engine mirroring the serving transaction (msrt-cartridge-format.md §10).
+"""A swap engine mirroring the serving transaction (docs/formats/msrt.md §10).
 
     load(A):  stage (verify everything, before any change) → pause → prepare → activate → resume
     deactivate(): pause → release every cartridge runtime (the base path) → resume

@@ -1,4 +1,4 @@
-"""Cross-check against exllamav3's CUDA extension (check 7; exl3-format.md §5.1, §5.6, §8.2).
+"""Cross-check against exllamav3's CUDA extension (check 7; docs/formats/exl3.md §5.1, §5.6, §8.2).
 
 * `ext.reconstruct` gives Ŵ; our `decode_rotated` must equal it bit for bit;
 * `ext.exl3_gemm` is the serving GEMM (tensor-core MMA, fp32 accumulation, not bit-reproducible off

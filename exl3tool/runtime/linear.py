@@ -1,9 +1,9 @@
 """EXL3 linear layer of the reference runtime, from decoded effective weights.
 
-Precision policy (mirrors the serving kernels, msrt-cartridge-format.md §1.2 "Precision"):
+Precision policy (mirrors the serving kernels, docs/formats/msrt.md §1.2 "Precision"):
 
 * activations are fp16 (the kernel's `xh` workspace is fp16 even for BF16 models);
-* weights are `W_eff` fp16 `[in, out]`, decoded bit-exactly (exl3-format.md §5.3) once per linear;
+* weights are `W_eff` fp16 `[in, out]`, decoded bit-exactly (docs/formats/exl3.md §5.3) once per linear;
 * every GEMM accumulates in fp32: `x.float() @ W_eff.float()` (TF32 off on CUDA);
 * a projection's base output and its MSRT stage outputs are summed in fp32 (`out32`) and rounded to
   fp16 once, after the last stage;
@@ -22,7 +22,7 @@ import torch
 
 from exl3tool.trellis.weight import effective_weight
 
-CODEBOOK = "mcg"  # MSRT bases and cartridges are MCG only (msrt-cartridge-format.md §4 row 10)
+CODEBOOK = "mcg"  # MSRT bases and cartridges are MCG only (docs/formats/msrt.md §4 row 10)
 
 
 def set_precision_policy() -> None:

@@ -1,4 +1,4 @@
-"""MSRT additive application per projection (msrt-cartridge-format.md §1.2, §1.3).
+"""MSRT additive application per projection (docs/formats/msrt.md §1.2, §1.3).
 
     y_p(x) = base_p(x) + Σ_s inv_scale[s, e] · stage_s,p(x)
 

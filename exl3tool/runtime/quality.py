@@ -7,7 +7,7 @@ For each (layer, expert, projection) with stages, in fp32 on the full decoded we
     relative to next   ‖W_s − W_{s+1}‖ / ‖W_{s+1}‖
     relative to dense  ‖W_s − D‖ / ‖D‖            (with --dense: D = the unquantized weight)
 
-Pass criteria (documented limits, msrt-cartridge-format.md §1.1: each residual stage encodes what
+Pass criteria (documented limits, docs/formats/msrt.md §1.1: each residual stage encodes what
 the previous levels left, so a valid encode has a falling ladder):
 
 * r_1 ≤ RATIO_MAX: the first correction is an estimate of the base's own quantization error; a

@@ -1,6 +1,6 @@
 """`stage-cartridge`: turn an adapter into a verified, deployable, TP-ready directory.
 
-Mirrors the runtime's staging step (msrt-cartridge-format.md §9 A, §10.2): every shard is opened
+Mirrors the runtime's staging step (docs/formats/msrt.md §9 A, §10.2): every shard is opened
 and copied into a private directory while it is hashed (one read,
 sha256 + blake3), its size and sha256 are compared with the manifest and its
 (dev, ino, size, mtime_ns, ctime_ns) before and after the copy must agree. Every validation then

@@ -1,4 +1,4 @@
-"""Tiny synthetic plain EXL3 checkpoints (`tensor_storage` profile, exl3-format.md §1-§2, §7.4).
+"""Tiny synthetic plain EXL3 checkpoints (`tensor_storage` profile, docs/formats/exl3.md §1-§2, §7.4).
 
 Any int16 bit pattern is a valid trellis, so random words make a decodable checkpoint. Everything
 is derived from one seeded `numpy.random.Generator`, so the bytes are deterministic.
@@ -39,7 +39,7 @@ def scales(rng: np.random.Generator, n: int, magnitude: float = 0.05) -> np.ndar
 
 
 def marker(codebook: str) -> np.ndarray | None:
-    """The int32 scalar marker selecting `codebook` (exl3-format.md §1), or None for 3INST."""
+    """The int32 scalar marker selecting `codebook` (docs/formats/exl3.md §1), or None for 3INST."""
     if codebook == "mcg":
         return np.array(MCG_MARKER, dtype="<i4")
     if codebook == "mul1":
@@ -75,7 +75,7 @@ def write_shard(
 
 
 def storage_entry(tensors: Mapping[str, np.ndarray], k: float | None, codebook: str | None) -> dict:
-    """One `tensor_storage` record (exl3-format.md §2) for a leaf module's tensors."""
+    """One `tensor_storage` record (docs/formats/exl3.md §2) for a leaf module's tensors."""
     stored = {}
     for name, a in tensors.items():
         s = spec_of(name, a)

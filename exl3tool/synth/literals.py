@@ -9,16 +9,16 @@ from __future__ import annotations
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
-# exl3-format.md §1: codebook markers (int32 scalars) and the multipliers they select.
+# docs/formats/exl3.md §1: codebook markers (int32 scalars) and the multipliers they select.
 MCG_MARKER = -877912083  # 0xCBAC1FED as int32
 MUL1_MARKER = -2082680531  # 0x83DCD12D as int32
 MCG_MULTIPLIER = 3417055213  # 0xCBAC1FED
 MUL1_MULTIPLIER = 2212286765  # 0x83DCD12D
 
-# msrt-cartridge-format.md §1.3: base K 2..6.
+# docs/formats/msrt.md §1.3: base K 2..6.
 BASE_K = (2, 3, 4, 5, 6)
 
-# msrt-cartridge-format.md §4: the manifest, rows 1-24 in order, and the fixed values of rows 5-13.
+# docs/formats/msrt.md §4: the manifest, rows 1-24 in order, and the fixed values of rows 5-13.
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_SCHEMA = "fq-cartridge-adapter/3"
 ADAPTER_FIELDS = (
@@ -41,7 +41,7 @@ ADAPTER_CONSTANTS = {
 }
 AXIS_BY_PROJECTION = {"gate_proj": "output", "up_proj": "output", "down_proj": "input"}
 
-# msrt-cartridge-format.md §5: the closed exl3-msrt-base/1 profile.
+# docs/formats/msrt.md §5: the closed exl3-msrt-base/1 profile.
 BASE_PROFILE = "exl3-msrt-base/1"
 BASE_TENSOR_SCHEMA = "model.layers.{L}.mlp.experts.{E}.{proj}.rank{r}.{trellis|suh|svh|mcg}"
 BASE_TENSOR_PARALLEL = {
@@ -55,18 +55,18 @@ BASE_TENSOR_PARALLEL = {
 
 
 def trellis_shape(proj: str, hidden: int, intermediate: int, k: int) -> tuple[int, int, int]:
-    """msrt §3: `[ceil128(in)/16, ceil128(out)/16, 16·K]`; down_proj maps intermediate → hidden."""
+    """docs/formats/msrt.md §3: `[ceil128(in)/16, ceil128(out)/16, 16·K]`; down_proj maps intermediate → hidden."""
     n_in, n_out = (intermediate, hidden) if proj == "down_proj" else (hidden, intermediate)
     return (-(-n_in // 128) * 8, -(-n_out // 128) * 8, 16 * k)
 
 
 def base_key(layer: int, expert: int, proj: str, component: str) -> str:
-    """msrt §5: a base routed-expert tensor (rank0 storage)."""
+    """docs/formats/msrt.md §5: a base routed-expert tensor (rank0 storage)."""
     return f"model.layers.{layer}.mlp.experts.{expert}.{proj}.rank0.{component}"
 
 
 def stage_key(layer: int, expert: int, proj: str, rank: int, component: str, label: str) -> str:
-    """msrt §3: a cartridge stage tensor, `…{proj}.rank{r}.{trellis|scale}_{label}`."""
+    """docs/formats/msrt.md §3: a cartridge stage tensor, `…{proj}.rank{r}.{trellis|scale}_{label}`."""
     return f"model.layers.{layer}.mlp.experts.{expert}.{proj}.rank{rank}.{component}_{label}"
 
 

@@ -26,8 +26,8 @@ from exl3tool.io.st_writer import write_arrays
 from exl3tool.synth import literals as lit
 from exl3tool.synth.literals import PROJECTIONS
 
-CODEBOOK_SCALE = 1.24371088  # exl3-format.md §4: quantizer's codebook_scale
-MCG_STD = 1.244112  # exl3-format.md §4: std of the MCG table = RMS of a random trellis decode
+CODEBOOK_SCALE = 1.24371088  # docs/formats/exl3.md §4: quantizer's codebook_scale
+MCG_STD = 1.244112  # docs/formats/exl3.md §4: std of the MCG table = RMS of a random trellis decode
 CREATED_UTC = "2025-01-01T00:00:00Z"
 TOOL_VERSION = "exl3tool-synth/1"
 VOCAB = 128

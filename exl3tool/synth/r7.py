@@ -1,4 +1,4 @@
-"""Tiny synthetic R7 checkpoints (r7-checkpoint-format.md §1-§6) and legacy rank-sliced ones (§7.1).
+"""Tiny synthetic R7 checkpoints (docs/formats/r7.md §1-§6) and legacy rank-sliced ones (§7.1).
 
 GLM-style layout: one `r7-experts-layer-LLL.safetensors` shard per MoE layer with per-expert trellis
 (K ∈ k_values per (expert, projection)), `mcg` markers, per-expert `svh` (gate/up) / `suh` (down),

@@ -1,4 +1,4 @@
-"""`full` -> `rank-sharded` conversion of MSRT cartridges (msrt-cartridge-format.md §8).
+"""`full` -> `rank-sharded` conversion of MSRT cartridges (docs/formats/msrt.md §8).
 
 The one implementation: `exl3tool slice` and `exl3tool stage-cartridge` both call
 `shard_cartridge`. Each trellis is split on its tile axis (gate/up axis 1, down axis 0) into W

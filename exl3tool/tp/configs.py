@@ -1,5 +1,5 @@
 """Configs that travel with slices: verbatim copies, per-rank `tensor_storage`, the legacy
-rank-sliced `hybrid_tr3_tail` (r7-checkpoint-format.md §7.1)."""
+rank-sliced `hybrid_tr3_tail` (docs/formats/r7.md §7.1)."""
 
 from __future__ import annotations
 

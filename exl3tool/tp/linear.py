@@ -1,4 +1,4 @@
-"""How one EXL3 linear is sliced for a channel range (exl3-format.md §6, §13 "TP slice").
+"""How one EXL3 linear is sliced for a channel range (docs/formats/exl3.md §6, §13 "TP slice").
 
 | field | column-parallel [first, last) of out | row-parallel [first, last) of in |
 |---|---|---|

@@ -1,6 +1,6 @@
 """The slicing plan: which bytes of which tensor each TP rank holds. Pure: headers only, no I/O.
 
-Rules (exl3-format.md §6; r7-checkpoint-format.md §3.4, §7.1; msrt-cartridge-format.md §5, §8):
+Rules (docs/formats/exl3.md §6; docs/formats/r7.md §3.4, §7.1; docs/formats/msrt.md §5, §8):
 * routed experts, `--mode tensor`: gate/up column-parallel, down row-parallel, on N equal
   128-aligned ranges of the expert intermediate size; `--mode expert`: whole experts, contiguous
   per rank, as even as possible;
@@ -153,7 +153,7 @@ class _Planner:
         experts: dict[str, dict[str, TensorRef]] = {}
         rest: dict[str, TensorRef] = {}
         # rank0 names hold full logical tensors when no other rank exists (MSRT bases, a tp=1
-        # legacy tail such as R7's carried MTP layer: r7-checkpoint-format.md §6, §7.1)
+        # legacy tail such as R7's carried MTP layer: docs/formats/r7.md §6, §7.1)
         multi = {e.prefix for e in map(parse_expert, tensors) if e is not None and e.rank}
         for name, ref in tensors.items():
             e = parse_expert(name)

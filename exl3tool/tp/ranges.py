@@ -1,4 +1,4 @@
-"""Range arithmetic of TP splits (exl3-format.md §6; r7-checkpoint-format.md §3.4, §7.1).
+"""Range arithmetic of TP splits (docs/formats/exl3.md §6; docs/formats/r7.md §3.4, §7.1).
 
 All channel ranges are in units of 128 channels: a slice boundary must not cut a 128-wide
 Hadamard block. Impossible splits raise `SplitError` carrying the rule that refuses them.

@@ -3,7 +3,7 @@
 `--layout per-rank` (default): `OUT/rank-{r}/model-rank-{r}-part-{p}.safetensors` holding rank r's
 slice of every tensor under its original name, an index and the configs per rank.
 `--layout rank-sliced`: one set of shards with `.rank{r}.` expert names and the legacy
-`hybrid_tr3_tail` (r7-checkpoint-format.md §7.1). Both get `OUT/exl3tool-slices.json`
+`hybrid_tr3_tail` (docs/formats/r7.md §7.1). Both get `OUT/exl3tool-slices.json`
 (schemas/exl3tool-slices-1.schema.json). Nothing appears at OUT unless everything (and, with
 `verify`, the reassembly proof) succeeded.
 """

@@ -1,7 +1,7 @@
 """Trellis codec: codebooks, bitstream pack/unpack, rotated decode, Hadamard, effective weight.
 
 This package is the torch layer of exl3tool; nothing outside it imports torch at import time.
-Everything is bit-exact with exllamav3 1.6.5 (exl3-format.md §3-§5) on CPU and CUDA.
+Everything is bit-exact with exllamav3 1.6.5 (docs/formats/exl3.md §3-§5) on CPU and CUDA.
 
     decode_rotated(trellis, codebook, *, rows=None, cols=None, device=None) -> fp16 [k, n]
     effective_weight(trellis, suh, svh, codebook, *, rows=None, cols=None, device=None,

@@ -1,4 +1,4 @@
-"""Trellis bitstream: int16 words <-> 16-bit states (exl3-format.md §3.2, §3.3).
+"""Trellis bitstream: int16 words <-> 16-bit states (docs/formats/exl3.md §3.2, §3.3).
 
 A tile is a tail-biting ring of R = 16·Wd bits, MSB-first inside little-endian u32 words. Position p's
 state is the 16 ring bits ending at E(p). All index arithmetic is precomputed once per tile width into
@@ -59,14 +59,14 @@ def rate_from_k(K: float) -> Rate:
 
 
 def window_ends(rate: Rate) -> list[int]:
-    """E(p) for p = 0..255: the ring bit just past position p's state (exl3-format.md §3.3)."""
+    """E(p) for p = 0..255: the ring bit just past position p's state (docs/formats/exl3.md §3.3)."""
     if rate.half:
         return [((p + 1) * (2 * rate.bits + 1)) // 2 for p in range(POSITIONS)]
     return [(p + 1) * rate.bits for p in range(POSITIONS)]
 
 
 def tc_perm() -> list[int]:
-    """TC_PERM[p] = row·16 + col of position p inside its tile (exl3-format.md §3.4)."""
+    """TC_PERM[p] = row·16 + col of position p inside its tile (docs/formats/exl3.md §3.4)."""
     perm = []
     for p in range(POSITIONS):
         t, j = p >> 3, p & 7

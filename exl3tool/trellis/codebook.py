@@ -1,4 +1,4 @@
-"""Codebook tables: 16-bit trellis state -> fp16 weight (exl3-format.md §4)."""
+"""Codebook tables: 16-bit trellis state -> fp16 weight (docs/formats/exl3.md §4)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from exl3tool.trellis.errors import TrellisError
 
 CODEBOOKS = ("3inst", "mcg", "mul1")
 
-# exl3-format.md §4: multipliers / offsets of the integer step, mod 2^32
+# docs/formats/exl3.md §4: multipliers / offsets of the integer step, mod 2^32
 _3INST_MUL, _3INST_ADD = 89226354, 64248484
 _MCG_MUL = 0xCBAC1FED
 _MUL1_MUL = 0x83DCD12D
@@ -76,7 +76,7 @@ def codebook_lut(codebook: str, device: torch.device | str | None = None) -> tor
 
 
 def codebook_from_markers(has_mcg: bool, has_mul1: bool) -> str:
-    """Codebook selected by the presence of the `.mcg` / `.mul1` markers (exl3-format.md §1)."""
+    """Codebook selected by the presence of the `.mcg` / `.mul1` markers (docs/formats/exl3.md §1)."""
     if has_mcg and has_mul1:
         raise TrellisError("both .mcg and .mul1 markers present; at most one is allowed")
     if has_mul1:

@@ -1,4 +1,4 @@
-"""Rotated-basis decode Ŵ = ext.reconstruct (exl3-format.md §3.5, §5.1).
+"""Rotated-basis decode Ŵ = ext.reconstruct (docs/formats/exl3.md §3.5, §5.1).
 
 The torch path folds the in-tile permutation (§3.4) and the state windows (§3.3) into one precomputed
 gather index per (tile width, output width): for a block of tile rows it does one gather from the
@@ -29,7 +29,7 @@ BLOCK_ELEMS = 1 << 18
 
 
 def check_rate_codebook(rate: Rate, codebook: str) -> str:
-    """Canonical codebook name; half-integer K decodes only with MUL1 (exl3-format.md §1.1)."""
+    """Canonical codebook name; half-integer K decodes only with MUL1 (docs/formats/exl3.md §1.1)."""
     name = check_codebook(codebook)
     if rate.half and name != "mul1":
         raise TrellisError(

@@ -1,4 +1,4 @@
-"""128-block Hadamard transforms, bit-exact with exllamav3 (exl3-format.md §5.3-§5.5, §5.7).
+"""128-block Hadamard transforms, bit-exact with exllamav3 (docs/formats/exl3.md §5.3-§5.5, §5.7).
 
 `had_left` / `had_right` evaluate each 128-term fp32 dot product in the sequential-FMA order that
 cuBLAS used for `get_weight_tensor` (§5.4). The reference evaluation emulates fma32 as

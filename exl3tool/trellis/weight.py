@@ -1,4 +1,4 @@
-"""Effective (original-basis) weight W = diag(suh)·B_H·Ŵ·B_H·diag(svh) (exl3-format.md §5.2-§5.5)."""
+"""Effective (original-basis) weight W = diag(suh)·B_H·Ŵ·B_H·diag(svh) (docs/formats/exl3.md §5.2-§5.5)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from exl3tool.trellis.errors import TrellisError
 from exl3tool.trellis.hadamard import HAD, _pick, fused_transform, had_left, had_right
 
 # Weights decoded and transformed per block: the fp32 transients stay a few tens of MB, so a
-# layer needs about 2x its fp16 output in all (exl3-format.md §5.3 steps run per 128-row block)
+# layer needs about 2x its fp16 output in all (docs/formats/exl3.md §5.3 steps run per 128-row block)
 _BLOCK_ELEMS = 1 << 21
 
 
@@ -26,7 +26,7 @@ def _range128(r, size: int, what: str) -> tuple[int, int]:
     if start % HAD or stop % HAD:
         raise TrellisError(
             f"{what} range [{start}, {stop}) must lie on 128-channel boundaries: a slice must not "
-            "cut a Hadamard block (exl3-format.md §6)"
+            "cut a Hadamard block (docs/formats/exl3.md §6)"
         )
     return start, stop
 

@@ -1,6 +1,6 @@
 """Properties of the R7 block check and the hybrid_tr3_tail model and check: any JSON never
 raises, and a value the document forbids is an error. The predicates are typed from
-r7-checkpoint-format.md §2.1 and §7.1, not taken from the code under test."""
+docs/formats/r7.md §2.1 and §7.1, not taken from the code under test."""
 
 from __future__ import annotations
 
@@ -54,11 +54,11 @@ GOOD_TAIL = {
 
 
 def _json_int(v: object) -> bool:
-    return type(v) is int  # r7 §2.1: true/false and 3.0 are not JSON integers
+    return type(v) is int  # docs/formats/r7.md §2.1: true/false and 3.0 are not JSON integers
 
 
 def _block_legal(key: str, v: object) -> bool:
-    """r7 §2.1: the values the five validated fields may hold."""
+    """docs/formats/r7.md §2.1: the values the five validated fields may hold."""
     if key == "moe_layers":
         return (
             isinstance(v, list)
@@ -131,7 +131,7 @@ def _tail_findings(tail: object) -> Findings:
 
 
 def _tail_legal(key: str, v: object) -> bool:
-    """r7 §7.1 for the model above (4 experts, no runtime TP); range and count must match it."""
+    """docs/formats/r7.md §7.1 for the model above (4 experts, no runtime TP); range and count must match it."""
     if key == "bits":
         return v == "mixed" or (type(v) in (int, float) and v > 0)
     if key in ("format", "codebook", "tensor_schema"):

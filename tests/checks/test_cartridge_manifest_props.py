@@ -1,5 +1,5 @@
 """Properties: whatever JSON a manifest (or one of its fields) holds, the checks never raise, and a
-value the format forbids (msrt-cartridge-format.md §4) is an error finding."""
+value the format forbids (docs/formats/msrt.md §4) is an error finding."""
 
 from __future__ import annotations
 

@@ -45,12 +45,12 @@ def _set(doc: object, path: tuple[str, ...], key: str, value: object) -> object:
     return doc
 
 
-# Values the pristine checkpoint's rules pin to what it holds (r7-checkpoint-format.md): any
-# other value is an error. The block and the embedded copy are compared with each other (r7 §1:
+# Values the pristine checkpoint's rules pin to what it holds (docs/formats/r7.md): any
+# other value is an error. The block and the embedded copy are compared with each other (docs/formats/r7.md §1:
 # any change to one is drift); the rest are sizes, counts and ranges the tensors fix.
 PINNED = {
     ("config.json", ()): {"hidden_size", "n_routed_experts"},
-    ("config.json", ("quantization_config",)): None,  # every key (r7 §1 drift)
+    ("config.json", ("quantization_config",)): None,  # every key (docs/formats/r7.md §1 drift)
     ("quantization_config.json", ("r7_routed_experts",)): None,
     ("config.json", ("hybrid_tr3_tail",)): {"moe_layers", "tp", "format", "experts_per_layer"},
     ("r7-experts-layer-001.json", ()): {"layer", "shard", "bit_map", "allocation_bit_units"},
@@ -144,7 +144,7 @@ def test_garbage_json_files_never_crash(pristine: dict[str, Path], data: bytes) 
             (root / name).write_bytes(data)
         _, findings = validate_path(root, ValidateOptions(hash=True))
         # each garbage file is named by an error: unreadable, not the schema, not the seal (the
-        # seal is read only when MANIFEST.json is an object: it seals that document, r7 §5)
+        # seal is read only when MANIFEST.json is an object: it seals that document, docs/formats/r7.md §5)
         sealed = isinstance(loads(data)[0], dict)
         for name in names if sealed else names[:2]:
             assert any(Path(f.location.file or "").name == name for f in findings.errors()), (

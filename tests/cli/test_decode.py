@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from exl3tool.cli.main import app
 
 PREFIX = "model.layers.0.mlp.down_proj"
-# exl3-format.md §12.3 (128 x 256, K = 3, MCG)
+# docs/formats/exl3.md §12.3 (128 x 256, K = 3, MCG)
 W_ROT = "2a86716b9c0413128e424c552339a08a2ebbccb771dc585001fb7558d81ccd97"
 W_EFF = "336c5d73c4d371568e9560506d68842940f389daff2298db7f22e428957f7102"
 

@@ -70,7 +70,7 @@ def expert_tensors(
 
 
 def rank_slice(tensors: Mapping[str, np.ndarray], world: int) -> dict[str, np.ndarray]:
-    """The legacy rank-sliced layout (r7-checkpoint-format.md §7.1) of full logical tensors."""
+    """The legacy rank-sliced layout (docs/formats/r7.md §7.1) of full logical tensors."""
     out: dict[str, np.ndarray] = {}
     for name, arr in tensors.items():
         if ".mlp.experts." not in name:

@@ -1,4 +1,4 @@
-"""The MSRT base compatibility identity (msrt-cartridge-format.md §6)."""
+"""The MSRT base compatibility identity (docs/formats/msrt.md §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The swap engine's transaction (msrt-cartridge-format.md §10) on one CPU rank."""
+"""The swap engine's transaction (docs/formats/msrt.md §10) on one CPU rank."""
 
 from __future__ import annotations
 

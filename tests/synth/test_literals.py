@@ -1,7 +1,7 @@
 """The checker's format constants and the builders' copies, each against the documents' values.
 
-The values below are typed from /work/shared/docs (msrt-cartridge-format.md, exl3-format.md,
-r7-checkpoint-format.md), not imported: `exl3tool.formats` (what the checker enforces) and
+The values below are typed from /work/shared/docs (docs/formats/msrt.md, docs/formats/exl3.md,
+docs/formats/r7.md), not imported: `exl3tool.formats` (what the checker enforces) and
 `exl3tool.synth.literals` (what the test artifacts are built with) must both equal them, so a
 wrong constant on either side fails here instead of passing every round trip.
 """
@@ -16,7 +16,7 @@ from exl3tool.formats import r7 as r7_formats
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.synth import literals
 
-# msrt-cartridge-format.md §4, rows 1-24 in order.
+# docs/formats/msrt.md §4, rows 1-24 in order.
 DOC_ADAPTER_FIELDS = (
     "schema", "assembly", "base", "chain", "format", "runtime_profile", "rotation_ownership",
     "standard_lora_compatible", "runtime_operation", "codebook", "mcg_multiplier",
@@ -97,7 +97,7 @@ def test_base_profile_matches_the_document() -> None:
 
 
 def test_codebook_markers_match_the_document() -> None:
-    # exl3-format.md §1: 0xCBAC1FED / 0x83DCD12D stored as int32.
+    # docs/formats/exl3.md §1: 0xCBAC1FED / 0x83DCD12D stored as int32.
     for side in (exl3_formats, literals):
         assert side.MCG_MARKER == -877912083
         assert side.MUL1_MARKER == -2082680531
@@ -108,10 +108,11 @@ def test_codebook_markers_match_the_document() -> None:
 
 
 def test_r7_constants_match_the_document() -> None:
-    assert r7_formats.SCHEMA_ID == "r7-complete-v2-checkpoint-v1"  # r7 §2
+    assert r7_formats.SCHEMA_ID == "r7-complete-v2-checkpoint-v1"  # docs/formats/r7.md §2
     assert r7_formats.MARKER == "CODEX_ROUND7"
-    assert r7_formats.layer_shard(3) == "r7-experts-layer-003.safetensors"  # r7 §3
-    assert r7_formats.layer_manifest(77) == "r7-experts-layer-077.json"  # r7 §2 bit_map_manifests
+    assert r7_formats.layer_shard(3) == "r7-experts-layer-003.safetensors"  # docs/formats/r7.md §3
+    # docs/formats/r7.md §2 bit_map_manifests
+    assert r7_formats.layer_manifest(77) == "r7-experts-layer-077.json"
 
 
 def test_projection_names() -> None:

@@ -1,5 +1,5 @@
 """Decoding agreement: the effective weight decoded from each rank's slice is exactly the matching
-slice of the full effective weight (exl3-format.md §5.2, §6), for column- and row-parallel."""
+slice of the full effective weight (docs/formats/exl3.md §5.2, §6), for column- and row-parallel."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""exl3-format.md §12 test vectors, reproduced exactly."""
+"""docs/formats/exl3.md §12 test vectors, reproduced exactly."""
 
 from __future__ import annotations
 

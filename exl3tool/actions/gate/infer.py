@@ -1,6 +1,6 @@
 """A sensible release declaration from bare PATH arguments (no exl3tool.toml), said out loud.
 
-Per detected kind (msrt-cartridge-format.md §8, r7-checkpoint-format.md for the TP fields):
+Per detected kind (docs/formats/msrt.md §8, docs/formats/r7.md for the TP fields):
 every artifact gets `validate --hash` and its identity root; a rank-sliced checkpoint and a
 rank-sharded cartridge are checked at the TP size they were sliced for; a cartridge is matched
 against the one MSRT base among the arguments and, with it, verify-swap runs at TP 1.
@@ -38,7 +38,7 @@ def sliced_tp(path: Path, kind: str) -> int | None:
     root = artifact_dir(path)
     if kind == Kind.RANK_SLICED.value:
         tail = config_tail(_json(root / "config.json"))
-        return tail.tp if tail is not None else None  # r7-checkpoint-format.md §7.1
+        return tail.tp if tail is not None else None  # docs/formats/r7.md §7.1
     if kind == Kind.CARTRIDGE.value:
         manifest = _json(root / "adapter_config.json")
         tpc = manifest.get("tensor_parallel") if isinstance(manifest, dict) else None
