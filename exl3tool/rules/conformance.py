@@ -46,7 +46,8 @@ class RuntimeCheck:
     source: str  # EXL3, CARTRIDGE or LOADER
     checks: str  # what it refuses, in our words
     rules: tuple[str, ...]  # empty: not predictable from the artifact (see `checks`)
-    fixture: str | None  # tests/conformance/conformance_fixtures.py name; None only when `rules` is empty
+    # tests/conformance/conformance_fixtures.py name; None only when `rules` is empty
+    fixture: str | None
 
 
 RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
