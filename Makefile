@@ -22,7 +22,7 @@ test: install
 lint: install
 	$(PYTHON) -m ruff check exl3tool tests benchmarks
 	$(PYTHON) -m ruff format --check exl3tool tests benchmarks
-	lint-imports
+	$(PYTHON) -c "from importlinter.cli import lint_imports_command as m; m()"
 
 # What CI runs: lint, the built wheel in a fresh venv without torch, then the test suite.
 ci:
