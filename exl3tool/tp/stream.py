@@ -2,27 +2,29 @@
 
 Each output stream (one per rank for the per-rank layout, one for the rank-sliced layout) is a
 list of parts whose headers are known from the plan. The source is walked in batches of `BATCH`
-payload bytes. Every stream is a consumer running in its own thread (numpy copies, hashing,
-`copy_file_range` and `write` release the GIL), and so is the optional source hasher, which
-digests source tensors for the source identity in the same pass (no second read of the source).
-A consumer may run at most `WINDOW` batches ahead of the slowest one; the source pages of a
-batch are dropped from this process once every consumer is done with it, so resident memory
-stays near `WINDOW x BATCH` whatever the source size.
+payload bytes. Every stream is a consumer running in its own thread (pread, numpy copies,
+hashing and `write` release the GIL), and so is the optional source hasher, which digests
+source tensors for the source identity in the same pass (from the page cache the copy fills).
+A consumer may run at most `WINDOW` batches ahead of the slowest one.
 
-Contiguous runs are copied by the kernel (`copy_file_range`); strided runs (column slices of a
-trellis) are gathered row by row into a reusable buffer. Each part is hashed (blake3, and sha256
-when asked: `identity.engine.new_hasher`) as it is written, and its writeback to disk is started
-every `WRITEBACK` bytes so that the publishing fsync finds little left to do.
+Source bytes are read with pread into reusable CHUNK-sized buffers per consumer, never through
+a mapping (issue 15 item 1: a truncated mapped file kills the process with SIGBUS); resident
+memory is a few CHUNKs per consumer whatever the source size. A shard that shrinks, changes or
+is replaced while read is `InputChanged` (exit 3, the file named). Contiguous runs are read,
+hashed and written from the same buffer (the digest is of the bytes written); strided runs
+(column slices of a trellis) are read a block of rows at a time and gathered. Each part is
+hashed (blake3, and sha256 when asked: `identity.engine.new_hasher`) as it is written, and its
+writeback to disk is started every `WRITEBACK` bytes so that the publishing fsync finds little
+left to do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import mmap
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,15 +34,15 @@ from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.identity.engine import default_threads, new_hasher
 from exl3tool.io.safetensors import FileStamp
 from exl3tool.io.st_writer import TensorSpec, build_header
+from exl3tool.io.views import InputChanged, PayloadFile
 from exl3tool.io.workers import run_threads
-from exl3tool.tp.slices import TensorSlice
+from exl3tool.tp.slices import ByteLayout, TensorSlice
 
-CHUNK = 8 << 20  # bytes per write / per gather buffer
+CHUNK = 8 << 20  # bytes per pread / write / gather buffer
 BATCH = 32 << 20  # source payload bytes per batch
-WINDOW = 4  # batches a consumer may run ahead of the slowest one (bounds mapped pages)
+WINDOW = 4  # batches a consumer may run ahead of the slowest one
 WRITEBACK = 64 << 20  # output bytes between asynchronous writeback starts
-_PAGE = mmap.PAGESIZE
-_HAS_CFR = hasattr(os, "copy_file_range")
+DIRECT_RUN = 256 << 10  # strided runs at least this long are read one by one (no over-read)
 
 
 @dataclass
@@ -76,89 +78,87 @@ def split_parts(
     return parts
 
 
-class FileMaps:
-    """Read-only whole-file maps by path; `drop` unmaps ranges from this process."""
+class SourceFiles:
+    """The one cache of open input files (the slicer's sources, verify's sources and outputs).
+
+    Bytes are read with pread into the caller's bounded buffers (`io.views.PayloadFile`), never
+    through a mapping: a file that shrinks under us is `InputChanged` (exit 3, the file named),
+    never SIGBUS (issue 15 item 1). Opening checks the stamp of the header read (`expected`);
+    `verify_unchanged` is the stability proof after the pass."""
 
     def __init__(self) -> None:
-        self._maps: dict[Path, mmap.mmap | None] = {}
+        self._files: dict[Path, PayloadFile] = {}
+        self._lock = threading.Lock()  # consumers may open lazily from several threads
 
-    def get(self, path: Path) -> mmap.mmap | None:
-        if path not in self._maps:
-            with open(path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                self._maps[path] = (
-                    mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-                )
-        return self._maps[path]
+    def get(self, path: Path, expected: FileStamp | None = None) -> PayloadFile:
+        f = self._files.get(path)
+        if f is None:
+            with self._lock:
+                f = self._files.get(path)
+                if f is None:
+                    try:
+                        f = PayloadFile(path, expected)
+                    except OSError as exc:
+                        raise InputChanged(f"{path}: cannot open: {exc.strerror or exc}") from exc
+                    self._files[path] = f
+        return f
 
-    def drop(self, path: Path, start: int, end: int) -> None:
-        _drop(self._maps.get(path), start, end)
+    def verify_unchanged(self) -> None:
+        """InputChanged naming the first file that changed, shrank or was replaced since opened."""
+        for f in self._files.values():
+            f.verify_unchanged()
 
     def close(self) -> None:
-        for mm in self._maps.values():
-            _close(mm)
-        self._maps.clear()
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
 
-def _drop(mm: mmap.mmap | None, start: int, end: int) -> None:
-    """Unmap [start, end) from this process (the page cache keeps it): bounded RSS."""
-    if mm is None or end <= start:
+def read_chunks(f: PayloadFile, start: int, end: int, buf: memoryview) -> Iterator[memoryview]:
+    """Bytes [start, end) of `f` as successive views of `buf` (each valid until the next)."""
+    if end > f.size:
+        raise InputChanged(f"{f.path}: range [{start}, {end}) beyond its {f.size} bytes at open")
+    step = len(buf)
+    for pos in range(start, end, step):
+        yield f.read_into(buf[: min(step, end - pos)], pos)
+
+
+class ChunkBuffers:
+    """A consumer's reusable buffers: a pread target and a gather target, CHUNK bytes each."""
+
+    def __init__(self) -> None:
+        self.read = np.empty(CHUNK, dtype=np.uint8)
+        self.gather = np.empty(CHUNK, dtype=np.uint8)
+
+
+def slice_chunks(
+    f: PayloadFile, payload_start: int, lay: ByteLayout, bufs: ChunkBuffers
+) -> Iterator[memoryview]:
+    """The bytes of one slice (`lay` within the payload at `payload_start`) in order, as views
+    of `bufs` (each valid until the next). Long strided runs are read one by one; short ones a
+    block of whole rows at a time (its span fits the read buffer) and gathered."""
+    base = payload_start + lay.offset
+    rview = memoryview(bufs.read)
+    if lay.contiguous:
+        yield from read_chunks(f, base, base + lay.nbytes, rview)
         return
-    lo = start - start % _PAGE
-    hi = min(end + (-end % _PAGE), len(mm) + (-len(mm) % _PAGE))
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-
-
-def _close(mm: mmap.mmap | None) -> None:
-    if mm is not None:
-        with contextlib.suppress(BufferError):  # a live view; the GC closes it later
-            mm.close()
-
-
-class SourceMaps:
-    """Read-only maps of the source shards, with their stamps for change detection."""
-
-    def __init__(self, ckpt: Checkpoint) -> None:
-        self.ckpt = ckpt
-        self._maps: dict[str, mmap.mmap | None] = {}
-        self.fds: dict[str, int] = {}
-        self.stamps: dict[str, FileStamp] = {}
-        self.digests: dict[str, str] = {}  # source tensor -> digest taken during the pass
-
-    def get(self, label: str) -> mmap.mmap | None:
-        if label not in self._maps:
-            st = self.ckpt.shards[label]
-            fd = os.open(st.path, os.O_RDONLY)
-            self.fds[label] = fd
-            stamp = FileStamp.of(os.fstat(fd))
-            self.stamps[label] = stamp
-            self._maps[label] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if stamp.size else None
-        return self._maps[label]
-
-    def drop(self, label: str, start: int, end: int) -> None:
-        _drop(self._maps.get(label), start, end)
-
-    def changed(self) -> list[str]:
-        """Labels of shards whose (dev, ino, size, mtime, ctime) differ from when mapped."""
-        out = []
-        for label, stamp in self.stamps.items():
-            try:
-                now = FileStamp.of(os.stat(self.ckpt.shards[label].path))
-            except OSError:
-                out.append(label)
-                continue
-            if now != stamp:
-                out.append(label)
-        return out
-
-    def close(self) -> None:
-        for mm in self._maps.values():
-            _close(mm)
-        self._maps.clear()
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
+    run, count, stride = lay.run, lay.count, lay.stride
+    end = base + (count - 1) * stride + run
+    if end > f.size:
+        raise InputChanged(f"{f.path}: range [{base}, {end}) beyond its {f.size} bytes at open")
+    if run >= DIRECT_RUN or stride > CHUNK:
+        for i in range(count):
+            yield from read_chunks(f, base + i * stride, base + i * stride + run, rview)
+        return
+    per = CHUNK // stride  # >= 1
+    for i in range(0, count, per):
+        k = min(per, count - i)
+        f.read_into(rview[: (k - 1) * stride + run], base + i * stride)
+        rows = np.lib.stride_tricks.as_strided(
+            bufs.read, shape=(k, run), strides=(stride, 1), writeable=False
+        )
+        np.copyto(bufs.gather[: k * run].reshape(k, run), rows)
+        yield memoryview(bufs.gather)[: k * run]
 
 
 def _write_all(fd: int, data) -> None:
@@ -203,7 +203,7 @@ class _Stream:
     _left: int = 0
     _fd: int | None = None
     _hashers: list = field(default_factory=list)
-    _buf: np.ndarray | None = None
+    _bufs: ChunkBuffers | None = None  # allocated on the first non-empty slice
     _written: int = 0  # bytes written to the open part
     _kicked: int = 0  # bytes of it whose writeback was started
 
@@ -253,59 +253,17 @@ class _Stream:
         while self._left == 0 and self._part + 1 < len(self.parts):
             self._open_next()
 
-    def _copy_range(self, mm: mmap.mmap, src_fd: int, base: int, n: int) -> None:
-        """A contiguous run: kernel-side copy (copy_file_range); hashed from the source map."""
-        if self._hashers:
-            view = memoryview(mm)
-            try:
-                for pos in range(base, base + n, CHUNK):
-                    self._hash(view[pos : min(pos + CHUNK, base + n)])
-            finally:
-                view.release()
-        done = 0
-        while done < n:
-            k = os.copy_file_range(src_fd, self._fd, n - done, base + done)
-            if k <= 0:
-                raise OSError(f"copy_file_range stopped after {done} of {n} bytes")
-            done += k
-        self._written += n
-        self._writeback()
-
-    def copy(
-        self, s: TensorSlice, mm: mmap.mmap | None, payload_start: int, src_fd: int | None = None
-    ) -> None:
+    def copy(self, s: TensorSlice, src: PayloadFile, payload_start: int) -> None:
+        """Append slice `s` of the source tensor whose payload starts at `payload_start`."""
         while self._left == 0:
             self._open_next()
-        lay = s.layout
-        if lay.nbytes:
-            base = payload_start + lay.offset
-            if lay.contiguous and src_fd is not None and _HAS_CFR:
-                self._copy_range(mm, src_fd, base, lay.nbytes)
-            elif lay.contiguous:
-                view = memoryview(mm)
-                try:
-                    for pos in range(base, base + lay.nbytes, CHUNK):
-                        self._emit(view[pos : min(pos + CHUNK, base + lay.nbytes)])
-                finally:
-                    view.release()
-            else:
-                self._copy_strided(mm, base, lay.run, lay.count, lay.stride)
+        if s.layout.nbytes:
+            if self._bufs is None:
+                self._bufs = ChunkBuffers()
+            # hashed and written from the same buffer: the digest is of the bytes written
+            for chunk in slice_chunks(src, payload_start, s.layout, self._bufs):
+                self._emit(chunk)
         self._left -= 1
-
-    def _copy_strided(self, mm: mmap.mmap, base: int, run: int, count: int, stride: int) -> None:
-        span = (count - 1) * stride + run
-        src = np.frombuffer(mm, dtype=np.uint8, count=span, offset=base)
-        rows = np.lib.stride_tricks.as_strided(src, shape=(count, run), strides=(stride, 1))
-        per = max(1, CHUNK // run)
-        need = per * run
-        if self._buf is None or self._buf.size < need:
-            self._buf = np.empty(max(need, CHUNK), dtype=np.uint8)
-        for i in range(0, count, per):
-            k = min(per, count - i)
-            out = self._buf[: k * run].reshape(k, run)
-            np.copyto(out, rows[i : i + k])
-            self._emit(self._buf[: k * run].data)
-        del rows, src
 
     def finish(self) -> None:
         while self._part + 1 < len(self.parts):  # trailing empty parts
@@ -319,31 +277,44 @@ class _Stream:
 
 
 class _SourceHasher:
-    """Digests of whole source tensors, taken from the same maps as the copy (one read)."""
+    """Digests of whole source tensors, read from the same open files as the copy (the bytes
+    come from the page cache the copy just filled: no second read from disk)."""
 
     def __init__(self, algo: str, wanted: set[str]) -> None:
         self.algo = algo
         self.wanted = wanted
         self.digests: dict[str, str] = {}
 
-    def run(self, names: Sequence[str], ckpt: Checkpoint, maps: SourceMaps) -> None:
-        """Hash `names` (one consumer's share of a batch; several run at once)."""
+    def run(self, names: Sequence[str], src: _Source, buf: memoryview) -> None:
+        """Hash `names` (one consumer's share of a batch, through its own `buf`)."""
         for name in names:
             if name not in self.wanted:
                 continue
-            ref = ckpt.tensors[name]
+            ref = src.ckpt.tensors[name]
             a = ref.shard.data_start + ref.info.begin
-            b = a + ref.info.nbytes
             h = new_hasher(self.algo)
-            mm = maps.get(ref.file)
-            if mm is not None and b > a:
-                view = memoryview(mm)
-                try:
-                    for pos in range(a, b, CHUNK):
-                        h.update(view[pos : min(pos + CHUNK, b)])
-                finally:
-                    view.release()
+            for chunk in read_chunks(src.file(ref.file), a, a + ref.info.nbytes, buf):
+                h.update(chunk)
             self.digests[name] = h.hexdigest()
+
+
+@dataclass
+class _Source:
+    """The source checkpoint and its open shards (by label), stamps checked at open."""
+
+    ckpt: Checkpoint
+    files: SourceFiles = field(default_factory=SourceFiles)
+
+    def file(self, label: str) -> PayloadFile:
+        st = self.ckpt.shards[label]
+        return self.files.get(st.path, st.stamp)
+
+
+@dataclass
+class StreamResult:
+    """What the pass took besides the files: source tensor -> digest (`source_tensors`)."""
+
+    digests: dict[str, str] = field(default_factory=dict)
 
 
 def _batches(ckpt: Checkpoint, order: Sequence[str]) -> list[tuple[int, int]]:
@@ -408,12 +379,13 @@ def write_streams(
     algos: tuple[str, ...] = ("blake3",),
     source_algo: str = "blake3",
     source_tensors: set[str] | None = None,
-) -> SourceMaps:
+) -> StreamResult:
     """Copy every part of every stream into `root`; fills each Part's size and digests.
 
     `algos`: the per-part file digests (Part fields). `source_tensors`: source tensors whose
     whole-payload `source_algo` digest is taken in the same pass (returned in `.digests`).
-    Returns the source maps (closed) whose `changed()` tells whether the source moved under us.
+    A source shard that shrank, changed or was replaced since its header was read (at open,
+    during or after the pass) raises InputChanged naming it (exit 3).
     """
     index = {n: i for i, n in enumerate(order)}
     # per stream: flat (source index, slice) in write order
@@ -424,7 +396,7 @@ def write_streams(
             raise ValueError("stream slices are not in source order")
         flat.append(items)
     batches = _batches(ckpt, order)
-    maps = SourceMaps(ckpt)
+    src = _Source(ckpt)
     hasher = _SourceHasher(source_algo, source_tensors) if source_tensors else None
     share = _share_cores(threads, len(streams), hasher is not None)
     writers = [_Stream(root, parts, algos, share.stream_hash_threads) for parts in streams]
@@ -437,27 +409,20 @@ def write_streams(
         while i < len(items) and items[i][0] < last:
             src_idx, s = items[i]
             ref = ckpt.tensors[order[src_idx]]
-            mm = maps.get(ref.file)
-            writer.copy(s, mm, ref.shard.data_start + ref.info.begin, maps.fds.get(ref.file))
+            writer.copy(s, src.file(ref.file), ref.shard.data_start + ref.info.begin)
             i += 1
         cursors[w] = i
+
+    hash_bufs = [memoryview(bytearray(CHUNK)) for _ in range(share.source_hashers)]
 
     def hash_batch(j: int, b: int) -> None:
         assert hasher is not None
         first, last = batches[b]
-        hasher.run(order[first + j : last : share.source_hashers], ckpt, maps)
+        hasher.run(order[first + j : last : share.source_hashers], src, hash_bufs[j])
 
     def release(b: int) -> None:
-        first, last = batches[b]
-        spans: dict[str, tuple[int, int]] = {}
-        for name in order[first:last]:
-            ref = ckpt.tensors[name]
-            a, e = ref.shard.span(name)
-            lo_, hi_ = spans.get(ref.file, (a, e))
-            spans[ref.file] = (min(lo_, a), max(hi_, e))
-        for label, (a, e) in spans.items():
-            maps.drop(label, a, e)
         if progress is not None:
+            first, last = batches[b]
             progress.advance(sum(ckpt.tensors[n].info.nbytes for n in order[first:last]))
 
     consumers: list[Callable[[int], None]] = [
@@ -466,8 +431,8 @@ def write_streams(
     if hasher is not None:
         consumers += [(lambda b, j=j: hash_batch(j, b)) for j in range(share.source_hashers)]
     try:
-        for label in {ckpt.tensors[n].file for n in order}:
-            maps.get(label)
+        for label in sorted({ckpt.tensors[n].file for n in order}):
+            src.file(label)  # open (and stamp-check) every shard before the threads start
         for w in writers:
             w.start()
         if share.cores <= 1 or len(consumers) == 1:
@@ -479,15 +444,14 @@ def write_streams(
             _run_consumers(consumers, len(batches), release)
         for w in writers:
             w.finish()
+        src.files.verify_unchanged()  # the stability proof: same bytes from open to end
     except BaseException:
         for w in writers:
             w.abort()
-        maps.close()
         raise
-    maps.close()
-    if hasher is not None:
-        maps.digests = hasher.digests
-    return maps
+    finally:
+        src.files.close()
+    return StreamResult(hasher.digests if hasher is not None else {})
 
 
 @dataclass(frozen=True)

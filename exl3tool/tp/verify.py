@@ -19,10 +19,9 @@ from exl3tool.rules.errors import InputError
 from exl3tool.rules.registry import Findings
 from exl3tool.tp.configs import MANIFEST_NAME
 from exl3tool.tp.slices import TensorSlice
-from exl3tool.tp.stream import FileMaps
+from exl3tool.tp.stream import CHUNK, ChunkBuffers, SourceFiles, slice_chunks
 
 SCHEMA_FILE = "exl3tool-slices-1.schema.json"
-CHUNK = 8 << 20
 
 
 def _schema_errors(doc: Any) -> list[tuple[str, str]]:
@@ -82,33 +81,29 @@ def _check_files(out: Path, files: list[dict], findings: Findings, threads: int 
     return set(ok)
 
 
-def _compare(
-    maps: FileMaps, src: SafetensorsFile, s: TensorSlice, dst: SafetensorsFile, name: str
-) -> bool:
-    """Bytes of `s` in the source == the target tensor's bytes, compared in bounded chunks."""
-    a0, _ = src.span(s.source)
-    b0, b1 = dst.span(name)
-    lay = s.layout
-    if b1 - b0 != lay.nbytes:
-        return False
-    if not lay.nbytes:
+class _Comparer:
+    """Source and output files read with pread (tp.stream.SourceFiles) into bounded buffers."""
+
+    def __init__(self) -> None:
+        self.files = SourceFiles()
+        self.bufs = ChunkBuffers()
+        self.dst = np.empty(CHUNK, dtype=np.uint8)
+
+    def same(self, src: SafetensorsFile, s: TensorSlice, dst: SafetensorsFile, name: str) -> bool:
+        """Bytes of `s` in the source == the target tensor's bytes, compared in bounded chunks."""
+        a0, _ = src.span(s.source)
+        b0, b1 = dst.span(name)
+        lay = s.layout
+        if b1 - b0 != lay.nbytes:
+            return False
+        sf, df = self.files.get(src.path, src.stamp), self.files.get(dst.path, dst.stamp)
+        pos = b0
+        for chunk in slice_chunks(sf, a0, lay, self.bufs):
+            got = df.read_into(memoryview(self.dst)[: len(chunk)], pos)
+            if not np.array_equal(np.frombuffer(chunk, np.uint8), np.frombuffer(got, np.uint8)):
+                return False
+            pos += len(chunk)
         return True
-    smm, dmm = maps.get(src.path), maps.get(dst.path)
-    start = a0 + lay.offset
-    span = (lay.count - 1) * lay.stride + lay.run
-    sv = np.frombuffer(smm, np.uint8, count=span, offset=start)
-    dv = np.frombuffer(dmm, np.uint8, count=lay.nbytes, offset=b0)
-    try:
-        rows = np.lib.stride_tricks.as_strided(sv, (lay.count, lay.run), (lay.stride, 1))
-        drows = dv.reshape(lay.count, lay.run)
-        per = max(1, CHUNK // lay.run)
-        return all(
-            np.array_equal(rows[i : i + per], drows[i : i + per]) for i in range(0, lay.count, per)
-        )
-    finally:
-        del sv, dv
-        maps.drop(src.path, start, start + span)
-        maps.drop(dst.path, b0, b1)
 
 
 def _covers(records: list[TensorSlice], shape: tuple[int, ...]) -> str | None:
@@ -225,7 +220,7 @@ def verify_slices(
             headers[rel] = st
     claimed: set[tuple[str, str]] = set()
     groups: dict[str, list[tuple[TensorSlice, SafetensorsFile, str]]] = {}
-    maps = FileMaps()
+    cmp = _Comparer()
     try:
         for rank in doc["ranks"]:
             for target, rec in rank["tensors"].items():
@@ -262,7 +257,7 @@ def verify_slices(
                         tensor=target,
                     )
                     continue
-                if not _compare(maps, ref.shard, s, st, target):
+                if not cmp.same(ref.shard, s, st, target):
                     findings.add(
                         tp_rules.TP_MISMATCH,
                         f"rank {rank['rank']}: bytes differ from {rec['source']} "
@@ -273,7 +268,7 @@ def verify_slices(
                     continue
                 groups.setdefault(rec["source"], []).append((s, st, target))
     finally:
-        maps.close()
+        cmp.files.close()
     for rel, st in headers.items():
         for name in st.tensors:
             if (rel, name) not in claimed:

@@ -1,0 +1,108 @@
+"""Issue 15 item 1, the slicer: a source shard that shrinks or changes while `slice` reads it is
+InputChanged (exit 3, the file named), never SIGBUS; nothing is published, no temp is left."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from exl3tool.io.views import InputChanged
+from exl3tool.tp import stream
+from exl3tool.tp.run import SliceOptions, slice_artifact
+
+# Runs `exl3tool slice` and truncates every source shard to its header right after the first
+# slice was copied. The mmap slicer (before this change) hashed the next tensor from pages that
+# had vanished and died of SIGBUS (return code -7, no report).
+CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from exl3tool.cli import entry
+    from exl3tool.formats.checkpoint import load_checkpoint
+    from exl3tool.rules.registry import Findings
+    from exl3tool.tp import stream
+    src, out = Path(sys.argv[1]), sys.argv[2]
+    ckpt = load_checkpoint(src, Findings())
+    original = stream._Stream.copy
+    done = []
+
+    def copy_then_truncate(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if not done:
+            done.append(1)
+            for st in ckpt.shards.values():
+                os.truncate(st.path, st.data_start)
+
+    stream._Stream.copy = copy_then_truncate
+    sys.argv = ["exl3tool", "slice", str(src), "--tp", "2", "-o", out, "--threads", "1"]
+    entry()
+    """
+)
+
+
+def _copy_source(sources: dict[str, Path], tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    shutil.copytree(sources["exl3"], src)
+    return src
+
+
+def _leftovers(parent: Path, out: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{out.name}"))
+
+
+def test_source_truncated_while_sliced_is_exit_3_in_a_child(
+    sources: dict[str, Path], tmp_path: Path
+) -> None:
+    src = _copy_source(sources, tmp_path)
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, str(src), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 3, (r.returncode, r.stderr[-2000:])
+    assert "shrank" in r.stderr and ".safetensors" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert not out.exists() and _leftovers(tmp_path, out) == []
+
+
+def test_source_modified_in_place_while_sliced_is_input_changed(
+    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same size, other bytes (a write in place): the stability proof after the pass names it."""
+    src = _copy_source(sources, tmp_path)
+    shard = sorted(src.glob("*.safetensors"))[-1]
+    original = stream._Stream.copy
+    done: list[int] = []
+
+    def copy_then_modify(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if not done:
+            done.append(1)
+            with open(shard, "r+b") as fh:
+                fh.seek(-1, os.SEEK_END)
+                last = fh.read(1)
+                fh.seek(-1, os.SEEK_END)
+                fh.write(bytes([last[0] ^ 0xFF]))
+            st = shard.stat()
+            os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+    monkeypatch.setattr(stream._Stream, "copy", copy_then_modify)
+    out = tmp_path / "out"
+    with pytest.raises(InputChanged, match=shard.name):
+        slice_artifact(src, out, SliceOptions(2, threads=1))
+    assert not out.exists() and _leftovers(tmp_path, out) == []
+
+
+def test_unchanged_source_still_slices(sources: dict[str, Path], tmp_path: Path) -> None:
+    """The valid twin: the same source, untouched, slices and verifies."""
+    src = _copy_source(sources, tmp_path)
+    slice_artifact(src, tmp_path / "out", SliceOptions(2, threads=1, verify=True))
+    assert (tmp_path / "out" / "exl3tool-slices.json").is_file()
