@@ -57,7 +57,7 @@ def _record_or_none(path: Path) -> dict[str, Any] | None:
 def _identity_doc(path: Path, algo: str, threads: int | None) -> tuple[dict[str, Any], Findings]:
     """The identity of `path` and its container errors (then it is not trusted)."""
     from exl3tool.actions.identity import hash_artifact
-    from exl3tool.actions.validate import anchor, check_readable
+    from exl3tool.actions.inputs import anchor, check_readable
 
     check_readable(path)
     hashed = hash_artifact(path, algo, None, threads, None)

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exl3tool.actions.inputs import resolve_input
-from exl3tool.actions.validate import anchor, check_readable
+from exl3tool.actions.inputs import anchor, check_readable, resolve_input
 from exl3tool.formats.detect import Kind
 from exl3tool.identity.fast import Identity
 from exl3tool.report.model import ArtifactRef, Report

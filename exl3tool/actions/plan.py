@@ -450,7 +450,7 @@ PLANNABLE = (Kind.EXL3, Kind.R7, Kind.RANK_SLICED, Kind.MSRT_BASE)
 def run(opts: PlanOptions) -> BootPlan:
     """Detect, load headers, plan. InputError (exit 3) for an unreadable path; UsageError (2)
     for a bad TP size or an artifact that is not a checkpoint."""
-    from exl3tool.actions.validate import artifact_root, check_readable
+    from exl3tool.actions.inputs import artifact_root, check_readable
 
     if type(opts.tp) is not int or opts.tp < 1:
         raise UsageError(f"--tp {opts.tp!r} must be a positive integer")

@@ -6,16 +6,20 @@ pre-commit hook and the benchmarks call it)."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exl3tool.actions.inputs import resolve_input, resolve_optional
+from exl3tool.actions.inputs import (
+    anchor,
+    artifact_root,
+    check_readable,
+    resolve_input,
+    resolve_optional,
+)
 from exl3tool.checks.boundary import crash_rule, family_boundary
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.slices import rank_of_folder
@@ -24,29 +28,9 @@ from exl3tool.formats.detect import Kind, detect, report_unusable_configs
 from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules.errors import InputError, UsageError
-from exl3tool.rules.registry import Findings, Location
+from exl3tool.rules.registry import Findings
 
 CHECKPOINT_KINDS = (Kind.EXL3, Kind.R7, Kind.RANK_SLICED, Kind.SAFETENSORS, Kind.MSRT_BASE)
-
-
-def check_readable(path: Path) -> None:
-    """InputError (exit 3) for a path that cannot be read at all."""
-    if not path.exists():
-        raise InputError(f"{path}: no such file or directory")
-    if not os.access(path, os.R_OK) or (path.is_dir() and not os.access(path, os.X_OK)):
-        raise InputError(f"{path}: permission denied")
-    if not (path.is_dir() or path.is_file()):
-        raise InputError(f"{path}: not a directory or regular file")
-
-
-def artifact_root(path: Path) -> Path:
-    """The artifact a path names: a config or manifest file (what pre-commit passes) stands for
-    its directory; a `.safetensors` file and `adapter_config.json` stand for themselves."""
-    if path.is_file() and path.suffix == ".json" and path.name != "adapter_config.json":
-        return path.parent
-    if path.is_file() and path.name == "MANIFEST.sha256":
-        return path.parent
-    return path
 
 
 def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptions) -> dict:
@@ -119,27 +103,6 @@ def _facts(ckpt: Checkpoint) -> dict:
         "tensors": len(ckpt.tensors),
         "bytes": sum(r.info.nbytes for r in ckpt.tensors.values()),
     }
-
-
-def anchor(path: Path, findings: Findings) -> Findings:
-    """Findings name files relative to the artifact; prefix them with the path the user gave so
-    one report over several artifacts stays unambiguous."""
-    base = path.parent if path.is_file() else path
-    out = Findings()
-    for f in findings:
-        file = f.location.file
-        if file in (None, "", ".") or (path.is_file() and file == path.name):
-            shown = str(path)
-        else:
-            shown = str(base / file)
-        out.extend(
-            [
-                dataclasses.replace(
-                    f, location=Location(shown, f.location.tensor, f.location.pointer)
-                )
-            ]
-        )
-    return out
 
 
 @contextlib.contextmanager
