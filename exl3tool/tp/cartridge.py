@@ -5,8 +5,9 @@ The one implementation: `exl3tool slice` and `exl3tool stage-cartridge` both cal
 equal parts, each scale is replicated byte-identically under every `rank{r}`; `tensor_parallel`,
 `shards` and `num_tensors` are rewritten, every other manifest field is kept as is.
 
-Streaming: payload slices are copied from an mmap of the source shard straight into the output
-file (no tensor is loaded whole into Python objects) and hashed as they are written.
+Streaming: payload slices are read from the source shard with pread (`io.views.PayloadFile`: a
+shard that shrinks is InputChanged, never SIGBUS) and written to the output file (no tensor
+is loaded whole into Python objects) and hashed as they are written.
 Output bytes depend only on the source bytes and W.
 """
 
@@ -195,13 +196,15 @@ def shard_cartridge(
     shards: list[dict[str, Any]] = []
     count = 0
     for entry, header, per_rank in plans:
-        with MappedFile(header.path) as src:
+        # opened against the header's stamp, proven unchanged after: else InputChanged (exit 3)
+        with MappedFile(header.path, header.stamp) as src:
             src.advise_sequential()
             for r, pieces in enumerate(per_rank):
                 rel = rank_shard_path(entry.path, r)
                 size, digest = _write_shard(src, pieces, out_dir / rel, progress)
                 shards.append({"path": rel, "size": size, "sha256": digest})
                 count += len(pieces)
+            src.verify_unchanged()
     manifest = sharded_manifest(cart.manifest, world_size, shards, count)
     (out_dir / spec.ADAPTER_CONFIG).write_bytes(spec.dump_manifest(manifest))
     return manifest

@@ -106,3 +106,45 @@ def test_unchanged_source_still_slices(sources: dict[str, Path], tmp_path: Path)
     src = _copy_source(sources, tmp_path)
     slice_artifact(src, tmp_path / "out", SliceOptions(2, threads=1, verify=True))
     assert (tmp_path / "out" / "exl3tool-slices.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("offset", "run", "count", "stride"),
+    [
+        (0, 4096, 1, 4096),  # contiguous
+        (7, 100, 50, 100),  # contiguous rows
+        (3, 100, 300, 640),  # short runs: blocks of rows, gathered
+        (5, 2048, 40, 8192),  # sparse runs: one pread each
+        (1, 9000, 5, 20000),  # runs over a chunk: read in pieces
+    ],
+)
+def test_slice_chunks_equal_a_numpy_gather(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    offset: int,
+    run: int,
+    count: int,
+    stride: int,
+) -> None:
+    """Every read path (small CHUNK: many blocks, runs split over chunks) gives the bytes of a
+    plain strided gather, with the output as the strided copy path of the slicer sees it."""
+    import numpy as np
+
+    from exl3tool.io.views import PayloadFile
+    from exl3tool.tp.slices import ByteLayout
+
+    monkeypatch.setattr(stream, "CHUNK", 8192)
+    monkeypatch.setattr(stream, "DIRECT_RUN", 8192)
+    raw = np.random.default_rng(15).integers(0, 256, offset + count * stride + 64, np.uint8)
+    path = tmp_path / "f.bin"
+    path.write_bytes(raw.tobytes())
+    lay = ByteLayout(offset=3, run=run, count=count, stride=stride)
+    base = offset + 3
+    want = np.lib.stride_tricks.as_strided(raw[base:], (count, run), (stride, 1)).tobytes()
+    with PayloadFile(path) as f:
+        got = b"".join(bytes(c) for c in stream.slice_chunks(f, offset, lay, stream.ChunkBuffers()))
+    assert got == want
+    with PayloadFile(path) as f, pytest.raises(InputChanged, match=r"f\.bin: shrank"):
+        os.truncate(path, base + run // 2)  # shrunk after open: the same reads fail cleanly
+        for _ in stream.slice_chunks(f, offset, lay, stream.ChunkBuffers()):
+            pass
