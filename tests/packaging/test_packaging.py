@@ -117,7 +117,7 @@ def test_ci_runs_lint_the_wheel_and_the_tests() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "set -euo pipefail" in ci
     order = [ci.index(s) for s in (
-        "ruff check", "ruff format --check", "lint-imports", "pip wheel", "-m venv",
+        "ruff check", "ruff format --check", "lint_imports_command", "pip wheel", "-m venv",
         "wheel_check.py\" commands", "make test",
     )]  # fmt: skip
     assert order == sorted(order)
