@@ -114,7 +114,7 @@ def test_unchanged_source_still_slices(sources: dict[str, Path], tmp_path: Path)
         (0, 4096, 1, 4096),  # contiguous
         (7, 100, 50, 100),  # contiguous rows
         (3, 100, 300, 640),  # short runs: blocks of rows, gathered
-        (5, 2048, 40, 8192),  # sparse runs: one pread each
+        (5, 2048, 40, 8192),  # a quarter of the stride: blocks of rows (one row each)
         (1, 9000, 5, 20000),  # runs over a chunk: read in pieces
     ],
 )
