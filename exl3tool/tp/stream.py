@@ -7,9 +7,10 @@ hashing and `write` release the GIL), and so is the optional source hasher, whic
 source tensors for the source identity in the same pass (from the page cache the copy fills).
 A consumer may run at most `WINDOW` batches ahead of the slowest one.
 
-Source bytes are read with pread into reusable CHUNK-sized buffers per consumer, never through
+Source bytes are read with pread into reusable buffers per consumer (CHUNK bytes, less with
+many consumers: `chunk_size` keeps them within BUFFER_BUDGET together), never through
 a mapping (issue 15 item 1: a truncated mapped file kills the process with SIGBUS); resident
-memory is a few CHUNKs per consumer whatever the source size. A shard that shrinks, changes or
+memory is those buffers whatever the source size. A shard that shrinks, changes or
 is replaced while read is `InputChanged` (exit 3, the file named). Contiguous runs are read,
 hashed and written from the same buffer (the digest is of the bytes written); strided runs
 (column slices of a trellis) are read a block of rows at a time and gathered. Each part is
@@ -38,7 +39,8 @@ from exl3tool.io.views import InputChanged, PayloadFile
 from exl3tool.io.workers import run_threads
 from exl3tool.tp.slices import ByteLayout, TensorSlice
 
-CHUNK = 8 << 20  # bytes per pread / write / gather buffer
+CHUNK = 8 << 20  # bytes per pread / write / gather buffer (less with many consumers)
+BUFFER_BUDGET = 256 << 20  # all consumers' buffers together, whatever the TP size
 BATCH = 32 << 20  # source payload bytes per batch
 WINDOW = 4  # batches a consumer may run ahead of the slowest one
 WRITEBACK = 64 << 20  # output bytes between asynchronous writeback starts
@@ -124,11 +126,17 @@ def read_chunks(f: PayloadFile, start: int, end: int, buf: memoryview) -> Iterat
 
 
 class ChunkBuffers:
-    """A consumer's reusable buffers: a pread target and a gather target, CHUNK bytes each."""
+    """A consumer's reusable buffers: a pread target and a gather target, `size` bytes each."""
 
-    def __init__(self) -> None:
-        self.read = np.empty(CHUNK, dtype=np.uint8)
-        self.gather = np.empty(CHUNK, dtype=np.uint8)
+    def __init__(self, size: int | None = None) -> None:
+        self.size = size or CHUNK
+        self.read = np.empty(self.size, dtype=np.uint8)
+        self.gather = np.empty(self.size, dtype=np.uint8)
+
+
+def chunk_size(consumers: int) -> int:
+    """CHUNK, or less so that `consumers` buffer pairs stay within BUFFER_BUDGET (>= 1 MiB)."""
+    return max(1 << 20, min(CHUNK, BUFFER_BUDGET // (2 * max(1, consumers))))
 
 
 def slice_chunks(
@@ -148,11 +156,11 @@ def slice_chunks(
         raise InputChanged(f"{f.path}: range [{base}, {end}) beyond its {f.size} bytes at open")
     # not one pread per short run: with several consumer threads the per-call GIL hand-off
     # costs more than reading the rows whole (4x over-read at TP 4 measured cheaper)
-    if run >= DIRECT_RUN or stride > CHUNK:
+    if run >= DIRECT_RUN or stride > bufs.size:
         for i in range(count):
             yield from read_chunks(f, base + i * stride, base + i * stride + run, rview)
         return
-    per = CHUNK // stride  # >= 1
+    per = bufs.size // stride  # >= 1
     for i in range(0, count, per):
         k = min(per, count - i)
         f.read_into(rview[: (k - 1) * stride + run], base + i * stride)
@@ -201,6 +209,7 @@ class _Stream:
     parts: list[Part]
     algos: tuple[str, ...] = ("blake3",)  # per-part file digests, in Part field names
     hash_threads: int = 1  # threads of each blake3 hasher (cores the other consumers leave)
+    chunk: int = CHUNK  # bytes of each of its buffers (chunk_size)
     _part: int = -1
     _left: int = 0
     _fd: int | None = None
@@ -261,7 +270,7 @@ class _Stream:
             self._open_next()
         if s.layout.nbytes:
             if self._bufs is None:
-                self._bufs = ChunkBuffers()
+                self._bufs = ChunkBuffers(self.chunk)
             # hashed and written from the same buffer: the digest is of the bytes written
             for chunk in slice_chunks(src, payload_start, s.layout, self._bufs):
                 self._emit(chunk)
@@ -401,7 +410,8 @@ def write_streams(
     src = _Source(ckpt)
     hasher = _SourceHasher(source_algo, source_tensors) if source_tensors else None
     share = _share_cores(threads, len(streams), hasher is not None)
-    writers = [_Stream(root, parts, algos, share.stream_hash_threads) for parts in streams]
+    chunk = chunk_size(len(streams) + share.source_hashers)
+    writers = [_Stream(root, parts, algos, share.stream_hash_threads, chunk) for parts in streams]
     cursors = [0] * len(writers)
 
     def copy_batch(w: int, b: int) -> None:
@@ -415,7 +425,7 @@ def write_streams(
             i += 1
         cursors[w] = i
 
-    hash_bufs = [memoryview(bytearray(CHUNK)) for _ in range(share.source_hashers)]
+    hash_bufs = [memoryview(bytearray(chunk)) for _ in range(share.source_hashers)]
 
     def hash_batch(j: int, b: int) -> None:
         assert hasher is not None

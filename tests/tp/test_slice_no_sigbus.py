@@ -148,3 +148,19 @@ def test_slice_chunks_equal_a_numpy_gather(
         os.truncate(path, base + run // 2)  # shrunk after open: the same reads fail cleanly
         for _ in stream.slice_chunks(f, offset, lay, stream.ChunkBuffers()):
             pass
+
+
+def test_buffers_shrink_with_many_consumers_without_changing_bytes(
+    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded memory at any TP size: the consumers' buffers share BUFFER_BUDGET (each at
+    least 1 MiB); smaller buffers (more blocks, more chunks per tensor) give the same files."""
+    assert stream.chunk_size(2) == stream.CHUNK
+    assert 2 * 64 * stream.chunk_size(64) <= stream.BUFFER_BUDGET
+    assert stream.chunk_size(10_000) == 1 << 20
+    ref, small = tmp_path / "ref", tmp_path / "small"
+    slice_artifact(sources["exl3"], ref, SliceOptions(4, threads=1))
+    monkeypatch.setattr(stream, "BUFFER_BUDGET", 1)
+    slice_artifact(sources["exl3"], small, SliceOptions(4, threads=1, verify=True))
+    files = sorted(p.relative_to(ref) for p in ref.rglob("*.safetensors"))
+    assert files and all((ref / f).read_bytes() == (small / f).read_bytes() for f in files)
