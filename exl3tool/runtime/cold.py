@@ -1,8 +1,9 @@
 """Cold build of base + adapter: the plainest code, straight from the original files.
 
 Deliberately independent of everything the hot path uses: no staging, no runtime tables, no TP
-plan, no trellis slicing. It reads `adapter_config.json` with `json`, tensors with
-`safetensors.safe_open`, decodes every FULL effective weight, computes `1/scale` in double and
+plan, no trellis slicing. It reads `adapter_config.json` with `json`, each shard's header with
+plain `json` and its tensors with `os.pread` (never mmap: a shard truncated while it is read is an
+InputError naming it, not a SIGBUS), decodes every FULL effective weight, computes `1/scale` in double and
 rounds it to fp32 (docs/formats/msrt.md §1.2), takes each stage's K from its trellis shape
 (last dim / 16) and applies the chain in manifest order. For a TP rank it cuts the DECODED
 weights with plain arithmetic (`r·I/N`). Its forward performs the same floating-point operations
@@ -16,6 +17,7 @@ layers for tests and small tools).
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
 
 from exl3tool.rules.errors import InputError
 from exl3tool.trellis.weight import effective_weight
@@ -55,31 +56,73 @@ class ColdExpert:
     stages: dict[str, list[ColdStage]] = field(default_factory=dict)
 
 
-class _Files:
-    """Tensors read on demand (name -> file); files are opened when first needed and closed by
-    `release` (verify-swap calls it after each layer: the mapped pages of finished layers would
-    otherwise count in the process's RSS)."""
+# safetensors dtype names (docs/formats/exl3.md §2) -> torch dtypes; others are refused.
+_DTYPES = {
+    "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+    "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32,
+    "I64": torch.int64, "BOOL": torch.bool,
+}  # fmt: skip
+_MAX_HEADER = 100_000_000
+
+
+def read_header(path: str) -> tuple[int, dict[str, Any]]:
+    """(payload start, header) of a safetensors file, with nothing but `json`: the cold build's
+    own reader, independent of `io.safetensors`."""
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < n <= _MAX_HEADER:
+            raise ValueError(f"header length {n}")
+        text = fh.read(n)
+    if len(text) != n:
+        raise ValueError("file ends inside its header")
+    header = json.loads(text)
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    header.pop("__metadata__", None)
+    return 8 + n, header
+
+
+class ShardTensors:
+    """Tensors read on demand (name -> file) with `os.pread` into private buffers; a file is
+    opened when first needed and closed by `release` (verify-swap calls it after each layer)."""
 
     def __init__(self, directory: Path, files: list[str]) -> None:
-        self.where: dict[str, str] = {}
-        self.handles: dict[str, Any] = {}
+        self.where: dict[str, tuple[str, int, dict[str, Any]]] = {}
+        self.handles: dict[str, int] = {}
         for f in files:
             path = str(Path(directory) / f)
             try:
-                with safe_open(path, framework="pt") as h:
-                    for name in h.keys():  # noqa: SIM118 - safe_open is not a mapping
-                        self.where[name] = path
-            except (OSError, SafetensorError) as exc:  # `validate` names the defect exactly
+                start, header = read_header(path)
+            except (OSError, ValueError) as exc:  # `validate` names the defect exactly
                 raise InputError(f"{path}: not a readable safetensors file ({exc})") from None
+            for name, info in header.items():
+                self.where[name] = (path, start, info)
 
     def get(self, name: str) -> torch.Tensor:
-        path = self.where[name]
-        h = self.handles.get(path)
-        if h is None:
-            h = self.handles[path] = safe_open(path, framework="pt")
-        return h.get_tensor(name)
+        path, start, info = self.where[name]
+        try:
+            dtype = _DTYPES[info["dtype"]]
+            begin, end = (int(x) for x in info["data_offsets"])
+            shape = [int(d) for d in info["shape"]]
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{path}: tensor {name!r} has an unreadable header entry") from None
+        fd = self.handles.get(path)
+        if fd is None:
+            fd = self.handles[path] = os.open(path, os.O_RDONLY)
+        buf = bytearray(end - begin)
+        got = os.preadv(fd, [buf], start + begin) if buf else 0
+        if got != len(buf):
+            raise InputError(f"{path}: shrank while it was read ({name!r} ends past the file)")
+        try:
+            flat = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+            return flat.reshape(shape)
+        except (ValueError, RuntimeError):  # size not a whole number of elements, or not `shape`
+            raise InputError(f"{path}: tensor {name!r} does not match its shape") from None
 
     def release(self) -> None:
+        for fd in self.handles.values():
+            os.close(fd)
         self.handles.clear()
 
 
@@ -87,12 +130,12 @@ class ColdIndex:
     """Where every base and stage tensor lives; decodes one expert at a time."""
 
     def __init__(self, base: Path, adapter: Path | None) -> None:
-        self.base = _Files(base, sorted(p.name for p in Path(base).glob("*.safetensors")))
+        self.base = ShardTensors(base, sorted(p.name for p in Path(base).glob("*.safetensors")))
         self.manifest: dict[str, Any] = {}
         self.stage_keys: dict[tuple[int, int, str], list[tuple[str, dict[int, str], str]]] = {}
         if adapter is not None:
             self.manifest = json.loads((Path(adapter) / "adapter_config.json").read_text())
-            self.adapter: _Files | None = _Files(
+            self.adapter: ShardTensors | None = ShardTensors(
                 adapter, [s["path"] for s in self.manifest["shards"]]
             )
             self._index_stages()

@@ -229,19 +229,20 @@ def corrupt_copy(adapter: Path, out: Path) -> Path:
 
 def load_dense(path: Path, layers: list[int], device: torch.device) -> dict[int, dict]:
     """Dense HF weights `model.layers.{L}.mlp.experts.{E}.{proj}.weight` [out, in] -> [in, out]."""
-    from safetensors import safe_open
+    from exl3tool.runtime.cold import ShardTensors
 
     files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
     out: dict[int, dict] = {L: {} for L in layers}
     for f in files:
-        with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():  # noqa: SIM118 - safe_open is not a mapping
-                parts = name.split(".")
-                if len(parts) != 8 or parts[-1] != "weight" or parts[4] != "experts":
-                    continue
-                L = int(parts[2])
-                if L in out:
-                    out[L][(int(parts[5]), parts[6])] = st.get_tensor(name).t().float().to(device)
+        st = ShardTensors(f.parent, [f.name])
+        for name in st.where:
+            parts = name.split(".")
+            if len(parts) != 8 or parts[-1] != "weight" or parts[4] != "experts":
+                continue
+            L = int(parts[2])
+            if L in out:
+                out[L][(int(parts[5]), parts[6])] = st.get(name).t().float().to(device)
+        st.release()
     return out
 
 
