@@ -31,7 +31,7 @@ def check_trellis_dtype(ref: TensorRef, findings: Findings) -> bool:
 
 
 def check_marker(reader: TensorReader, ref: TensorRef, kind: str, findings: Findings) -> None:
-    """EX010/EX011: an I32 scalar holding the exact sentinel (the 4 bytes are read via mmap)."""
+    """EX010/EX011: an I32 scalar holding the exact sentinel (the 4 bytes are read with pread)."""
     info = ref.info
     if info.dtype != "I32" or info.shape != ():
         findings.add(

@@ -17,9 +17,9 @@ from exl3tool.rules.registry import Findings
 
 
 class RandomAccessReader(TensorReader):
-    """A TensorReader whose maps are advised MADV_RANDOM: the checks read 4-byte markers and
-    small vectors scattered between large trellis payloads, and the kernel's default mmap
-    readahead would otherwise pull in megabytes of trellis around every fault. Marker reads
+    """A TensorReader whose files are advised POSIX_FADV_RANDOM: the checks read 4-byte markers
+    and small vectors scattered between large trellis payloads, and the kernel's default
+    readahead would otherwise pull in megabytes of trellis around every read. Marker reads
     are deferred into `markers` and done in one gather per shard."""
 
     def __init__(self) -> None:
@@ -35,7 +35,7 @@ class RandomAccessReader(TensorReader):
 
 
 def read_scalar_i32(reader: TensorReader, ref: TensorRef) -> int | None:
-    """The int32 value of a 4-byte scalar tensor (read through the mmap view), or None."""
+    """The int32 value of a 4-byte scalar tensor (read with pread), or None."""
     if ref.info.nbytes != 4:
         return None
     try:

@@ -259,7 +259,7 @@ EXAMPLES = MappingProxyType(
         "TP007": "a slicing output directory without exl3tool-slices.json",
         "TP008": "reassembled slices whose identity root differs from the source's",
         "TP009": "slice --tp 2 of a directory whose config.json does not parse",
-        "TP010": "a source shard rewritten while slice --tp 2 reads it",
+        "TP010": "slice --verify after a source shard grew by a byte since it was sliced",
         "TP011": "slice --tp 2 --layout rank-sliced of a base whose MoE layers are 3 and 5",
         "TP012": "slice --tp 2 --layout rank-sliced of an R7 layer with gate K 3, up K 4, down K 5",
         # --- GT: pre-publish gate ---------------------------------------------------------

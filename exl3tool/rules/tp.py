@@ -88,8 +88,8 @@ TP_SOURCE_CHANGED = rule(
     "TP010",
     "slice-source-changed",
     E,
-    "Source file changed while slicing or verifying",
-    "A file modified during the pass gives slices of two different versions.",
+    "Source file changed since it was sliced",
+    "The slices manifest records each source's size; a source of another size now was changed after slicing (a change during the pass is exit 3, naming the file).",
     "Do not modify the checkpoint while slicing it; re-run.",
 )
 TP_SPARSE_LAYERS = rule(

@@ -55,7 +55,7 @@ def local_trellis(proj: str, trellis: np.ndarray, first: int, last: int) -> np.n
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
-    """A private contiguous copy (the mmap stays read-only and may be closed later)."""
+    """A private contiguous copy (the pread buffer may be reused)."""
     return torch.from_numpy(np.ascontiguousarray(a).copy())
 
 
