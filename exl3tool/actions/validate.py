@@ -5,10 +5,7 @@ pre-commit hook and the benchmarks call it)."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +22,7 @@ from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.slices import rank_of_folder
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect, report_unusable_configs
+from exl3tool.io.gcpause import paused_gc
 from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules.errors import InputError, UsageError
@@ -105,20 +103,6 @@ def _facts(ckpt: Checkpoint) -> dict:
     }
 
 
-@contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector: a GLM-5.2 checkpoint makes ~2 million small objects
-    (headers, index, manifests), none in reference cycles, and the collector's repeated full
-    passes over them cost ~40 % of `validate` (benchmarks/RESULTS.md, Validate)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def validate_path(path: Path, options: ValidateOptions) -> tuple[ArtifactRef, Findings]:
     """Detect the artifact kind of `path` and run its checks. Raises InputError (exit 3) when
     the path cannot be read at all; every defect of a readable artifact is a finding."""
@@ -129,7 +113,7 @@ def validate_path(path: Path, options: ValidateOptions) -> tuple[ArtifactRef, Fi
     findings = Findings()
     try:
         extra: dict = {}
-        with _no_cyclic_gc(), family_boundary(findings, crash_rule(kind.value)):
+        with paused_gc(), family_boundary(findings, crash_rule(kind.value)):
             extra = _dispatch(path, kind, findings, options)
     except (PermissionError, IsADirectoryError) as exc:
         raise InputError(f"{exc.filename or path}: {exc.strerror or exc}") from exc
