@@ -140,9 +140,12 @@ def load_base(
     rank: int,
     world_size: int,
     device: torch.device,
+    *,
+    opened: tuple[Checkpoint, dict[str, Any]] | None = None,
 ) -> BaseModel:
-    """Read, slice and decode the selected layers' routed experts for this rank."""
-    ckpt, cfg = open_base(Path(path))
+    """Read, slice and decode the selected layers' routed experts for this rank (`opened`: the
+    base as `open_base` already returned it, so that a layer-by-layer run parses it once)."""
+    ckpt, cfg = opened if opened is not None else open_base(Path(path))
     hidden, inter, experts, topk, k, moe_layers = base_geometry(cfg, Path(path))
     first, last = local_range(inter, rank, world_size)
     model = BaseModel(

@@ -175,10 +175,6 @@ class ColdIndex:
             e += 1
         return e
 
-    def router(self, layer: int) -> torch.Tensor | None:
-        name = f"model.layers.{layer}.mlp.gate.weight"
-        return self.base.get(name) if name in self.base.where else None
-
     def expert(self, layer: int, e: int, device: torch.device) -> ColdExpert:
         out = ColdExpert(e)
         for p in PROJS:
@@ -242,10 +238,6 @@ def build(
     return out
 
 
-def router(base: Path, layer: int) -> torch.Tensor | None:
-    return ColdIndex(base, None).router(layer)
-
-
 def rank_cut(w: torch.Tensor, proj: str, rank: int, world: int) -> torch.Tensor:
     """This rank's part of a full decoded weight [in, out]: plain arithmetic, no TP plan."""
     if world == 1:
@@ -279,18 +271,5 @@ def expert_weights_fn(ex: ColdExpert, rank: int, world: int):
         u = proj32("up_proj", x16).half()
         a = (F.silu(g.float()) * u.float()).half()
         return proj32("down_proj", a)
-
-    return fn
-
-
-def expert_fn(cl: ColdLayer, rank: int, world: int):
-    """fp32 partial down output of an expert of a whole cold layer (tests, small tools)."""
-
-    def fn(e: int, x16: torch.Tensor) -> torch.Tensor:
-        ex = ColdExpert(e)
-        for p in PROJS:
-            ex.base[p] = cl.base[(e, p)]
-            ex.stages[p] = [ColdStage(lab, inv, 0, w) for lab, inv, w in cl.stages[(e, p)]]
-        return expert_weights_fn(ex, rank, world)(x16)
 
     return fn

@@ -34,9 +34,9 @@ from exl3tool.rules.errors import InputError
 from exl3tool.runtime.compare import Tally, compare
 from exl3tool.runtime.distributed import env_world, from_env, launch_local
 from exl3tool.runtime.engine import SwapEngine
+from exl3tool.runtime.verify_steps import Outputs
 
 SCHEMA = "exl3tool-verify/1"
-Outputs = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (block output, expert probe)
 # TP=N vs TP=1 (check 5): the row-parallel down projection sums N fp32 partials instead of one
 # fp32 accumulation, and gate/up GEMMs of other widths may block K differently, so fp16 outputs
 # can differ by a few ulps. Documented limits, relative to the TP=1 output:

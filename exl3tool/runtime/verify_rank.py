@@ -9,7 +9,6 @@ cold expert, whatever the number of layers. All ranks walk the same layers and e
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
@@ -58,6 +57,7 @@ class RankRun:
     work: Path
     layers: list[int]
     sha_a: str
+    opened_base: tuple[Any, dict[str, Any]] | None = None  # the base, parsed once per rank
     manifest: dict[str, Any] = field(default_factory=dict)
     # the cold side opens the adapters' files only once staging accepted them: a defective
     # cartridge is staging's finding, never a safetensors error of the cold reader
@@ -107,8 +107,8 @@ def rank_checks(comm: Comm, opts: VerifyOptions) -> RankResult:
 def _rank_checks(comm: Comm, opts: VerifyOptions, work: Path) -> RankResult:
     import hashlib
 
-    _ckpt, cfg = open_base(opts.base)
-    layers = pick_layers(opts, base_geometry(cfg, opts.base)[5])
+    opened = open_base(opts.base)
+    layers = pick_layers(opts, base_geometry(opened[1], opts.base)[5])
     manifest_bytes = (opts.adapter / "adapter_config.json").read_bytes()
     run = RankRun(
         comm,
@@ -117,6 +117,7 @@ def _rank_checks(comm: Comm, opts: VerifyOptions, work: Path) -> RankResult:
         work,
         layers,
         hashlib.sha256(manifest_bytes).hexdigest(),
+        opened_base=opened,
     )
     progress = LayerProgress(len(layers), PHASES, enabled=opts.progress and comm.rank == 0)
     try:
@@ -146,8 +147,8 @@ def _stage_adapters(run: RankRun, engine: SwapEngine) -> bool:
                 run.staged_b = engine.stage_once(run.opts.adapter_b)
             except StagingFailed as exc:
                 run.notes.append(f"adapter B was refused by staging: {exc}")
-    run.manifest = json.loads((run.opts.adapter / "adapter_config.json").read_bytes())
     run.cold_a = ColdIndex(run.opts.base, run.opts.adapter)
+    run.manifest = run.cold_a.manifest
     if run.staged_b is not None and run.opts.adapter_b is not None:
         run.cold_b = ColdIndex(run.opts.base, run.opts.adapter_b)
     return True
@@ -158,7 +159,7 @@ def _verify_layer(run: RankRun, L: int, i: int, progress: LayerProgress) -> bool
     dev = comm.device
     progress.phase(L, "decode base")
     with timer("decode.base"):
-        base = load_base(opts.base, [L], comm.rank, comm.world_size, dev)
+        base = load_base(opts.base, [L], comm.rank, comm.world_size, dev, opened=run.opened_base)
     engine = SwapEngine(base, comm, dev, work_root=run.work)
     if opts.engine_hook is not None:
         opts.engine_hook(engine)

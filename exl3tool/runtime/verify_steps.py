@@ -22,7 +22,7 @@ from exl3tool.runtime.distributed import Comm
 from exl3tool.runtime.engine import SwapEngine
 from exl3tool.runtime.moe import Routing, route, tokens_needed
 
-Outputs = dict[int, tuple[torch.Tensor, torch.Tensor]]
+Outputs = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (block output, expert probe)
 
 
 @dataclass
