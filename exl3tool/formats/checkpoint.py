@@ -75,7 +75,7 @@ class Checkpoint:
     def incomplete(self) -> bool:
         """Some tensor could not be loaded: digests over the whole artifact or a layer would be
         computed from a partial set (checks that recompute them skip; the loader said why)."""
-        shards = self.rejected_files - {"config.json", "quantization_config.json", INDEX_NAME}
+        shards = self.rejected_files - _LOADED
         return bool(self.rejected_tensors or self.damaged_shards or shards)
 
     def is_consequence(self, finding: Finding) -> bool:

@@ -94,15 +94,6 @@ def parse_layers(spec: str) -> frozenset[str]:
     return frozenset(map(str, parsed.layers)) | parsed.keywords
 
 
-def _name(entry: tuple[str, TensorDigest]) -> str:
-    return entry[0]
-
-
-def layer_digest(algo: str, key: str, entries: list[tuple[str, TensorDigest]]) -> str:
-    # each row: name, dtype, shape, digest
-    return _layer_digest(algo, key, [(n, *t) for n, t in sorted(entries, key=_name)])
-
-
 def _layer_digest(algo: str, key: str, rows: list[tuple[Any, ...]]) -> str:
     body = {"algorithm": algo, "layer": key, "tensors": rows}
     h = new_hasher(algo)
@@ -153,12 +144,7 @@ def planned_bytes(plan: LogicalPlan, algo: str, compat: bool | None = None) -> i
 def identity_jobs(plan: LogicalPlan) -> list[tuple[Any, tuple[Segment, ...]]]:
     """What `compute_identity` hashes: (logical name, segments) per tensor and
     ((name, i), segment) per replicated copy; `identity_from_digests` takes the digests."""
-    jobs: list[tuple[Any, tuple[Segment, ...]]] = [
-        (n, tuple(t.segments)) for n, t in plan.tensors.items()
-    ]
-    for name, refs in plan.replicas.items():
-        jobs += [((name, i), (tensor_segment(r.shard, r.info),)) for i, r in enumerate(refs)]
-    return jobs
+    return [(n, tuple(segs)) for n, segs in _iter_jobs(plan)]
 
 
 def _iter_jobs(plan: LogicalPlan) -> Iterator[tuple[Any, tuple[Segment, ...]]]:

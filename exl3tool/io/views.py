@@ -127,10 +127,6 @@ class PayloadFile:
             raise InputChanged(f"{self.path}: changed while it was read ({_diff(self.stamp, now)})")
         verify_stamp(self.path, self.stamp, "was opened")
 
-    def release(self, start: int, end: int) -> None:
-        """Kept for callers of the mmap era: a pread buffer holds no pages of the file."""
-        return None
-
     def advise_random(self) -> None:
         self._advise("POSIX_FADV_RANDOM")
 
@@ -160,7 +156,6 @@ class PayloadFile:
 
 
 GATHER_GAP = 64 << 10  # bytes of gap still worth reading through (one pread instead of two)
-MappedFile = PayloadFile  # the name of the mmap era, kept for existing importers
 
 
 class TensorReader:

@@ -25,7 +25,7 @@ from exl3tool.formats.cartridge import Cartridge, StageKey, load_cartridge, pars
 from exl3tool.identity.engine import new_hasher
 from exl3tool.io.safetensors import SafetensorsFile, TensorInfo
 from exl3tool.io.st_writer import SafetensorsStreamWriter, TensorSpec
-from exl3tool.io.views import MappedFile
+from exl3tool.io.views import PayloadFile
 from exl3tool.rules import cartridge as ca
 from exl3tool.rules.errors import InputError, OutputError, UsageError
 from exl3tool.rules.registry import Findings
@@ -118,7 +118,7 @@ class _HashingWriter:
 
 
 def _write_shard(
-    src: MappedFile, pieces: list[_Piece], dest: Path, progress: Any
+    src: PayloadFile, pieces: list[_Piece], dest: Path, progress: Any
 ) -> tuple[int, str]:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(dest, "xb") as fh:
@@ -197,7 +197,7 @@ def shard_cartridge(
     count = 0
     for entry, header, per_rank in plans:
         # opened against the header's stamp, proven unchanged after: else InputChanged (exit 3)
-        with MappedFile(header.path, header.stamp) as src:
+        with PayloadFile(header.path, header.stamp) as src:
             src.advise_sequential()
             for r, pieces in enumerate(per_rank):
                 rel = rank_shard_path(entry.path, r)
@@ -227,12 +227,12 @@ def verify_sharded(source: Cartridge | Path, sharded: Cartridge | Path) -> Findi
     for key, ref in _rank_keys(dst):
         logical = (key.layer, key.expert, key.proj, key.component, key.label)
         by_logical.setdefault(logical, {})[key.rank] = ref
-    maps: dict[Path, MappedFile] = {}
+    maps: dict[Path, PayloadFile] = {}
 
     def payload(ref: Any) -> memoryview:
         mf = maps.get(ref.shard.path)
         if mf is None:
-            mf = maps[ref.shard.path] = MappedFile(ref.shard.path)
+            mf = maps[ref.shard.path] = PayloadFile(ref.shard.path)
         s = ref.shard.data_start
         return mf.buffer(s + ref.info.begin, s + ref.info.end)
 

@@ -18,7 +18,7 @@ from exl3tool import __version__
 from exl3tool.formats.checkpoint import INDEX_NAME, Checkpoint
 from exl3tool.formats.detect import Kind
 from exl3tool.identity.engine import hash_files
-from exl3tool.io.atomic import atomic_dir, remove_stale_temps
+from exl3tool.io.atomic import atomic_dir
 from exl3tool.rules.errors import Exl3ToolError
 from exl3tool.rules.registry import Findings
 from exl3tool.tp import configs
@@ -209,7 +209,6 @@ def write_plan(
         raise ValueError("max shard size must be positive")
     algos = ("sha256", *FILE_ALGOS) if sha256 else FILE_ALGOS
     src_id = _SourceIdentity(ckpt) if identity else None
-    remove_stale_temps(out)  # a killed run's hidden `.OUT.tmp-*` (possibly GBs); never a live one
     with atomic_dir(out, force=force) as tmp:
         if plan.layout == "per-rank":
             streams = per_rank_streams(plan, max_shard_size)
