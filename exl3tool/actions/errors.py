@@ -1,7 +1,7 @@
 """The one mapping from an exception to an exit code and a one-line message.
 
-The CLI (`cli/common.py`) and the gate (`actions/gate/run.py`, where a failing step becomes a
-GT finding) both use it, so a given error reads and exits the same wherever it happens.
+The CLI (`cli/common.py`) uses both; the gate (`actions/gate/run.py`, where a failing step
+becomes a GT finding) uses the message, so a given error reads the same wherever it happens.
 """
 
 from __future__ import annotations
@@ -35,8 +35,3 @@ def message(exc: BaseException) -> str:
     if isinstance(exc, Exl3ToolError):
         return str(exc)
     return f"internal error {type(exc).__name__}: {exc}"
-
-
-def is_expected(exc: BaseException) -> bool:
-    """True for errors a user can cause (no traceback is due); False for a bug."""
-    return isinstance(exc, Exl3ToolError | KeyboardInterrupt | Interrupted)

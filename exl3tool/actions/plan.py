@@ -227,14 +227,6 @@ def _expert_method(ctx: _Context, layer: int, module: str) -> str:
     return TENSOR_STORAGE if module in ctx.storage else MOE_FALLBACK
 
 
-def _divided(proj: str, fld: str) -> bool:
-    """Which expert fields the runtime splits across ranks (docs/formats/r7.md §3.4): the trellis, and the
-    intermediate-side rotation (gate/up svh, down suh); the hidden side and markers replicate."""
-    if fld == "trellis":
-        return True
-    return (fld == "svh") != (proj == "down_proj") if fld in ("suh", "svh") else False
-
-
 def _plan_experts(
     ckpt: Checkpoint, ctx: _Context, tally: _Tally, fallback: set[int]
 ) -> dict[str, Any]:

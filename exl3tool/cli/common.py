@@ -18,9 +18,7 @@ from exl3tool.rules.errors import Exl3ToolError, Interrupted
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Exit codes (README "Exit codes"; the same numbers as exl3tool.actions.errors, which is not
-# imported here to keep start-up light).
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INPUT = 0, 1, 2, 3
+# The exit codes of README "Exit codes" (their numbers: exl3tool.actions.errors).
 EXIT_HELP = (
     "Exit codes: 0 clean, 1 findings, 2 usage error or missing extra, 3 unreadable input, "
     "130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."
@@ -67,12 +65,6 @@ def handle_errors(fn: F) -> F:
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-def check_format(fmt: str, allowed: tuple[str, ...] = REPORT_FORMATS) -> str:
-    if fmt not in allowed:
-        fail(f"unknown --format {fmt!r}; choose one of {', '.join(allowed)}", EXIT_USAGE)
-    return fmt
 
 
 SelectOpt = Annotated[

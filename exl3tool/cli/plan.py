@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from exl3tool.cli.common import ARTIFACT_HELP, EXIT_HELP, ForceOpt, TextJsonOpt, handle_errors
+from exl3tool.cli.common import ARTIFACT_HELP, ForceOpt, TextJsonOpt, handle_errors
 
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 
@@ -95,6 +95,3 @@ def plan(
     else:
         typer.echo(render_text(result), nl=False)
     raise typer.Exit(result.exit_code)
-
-
-_ = EXIT_HELP

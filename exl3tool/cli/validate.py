@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
 
 from exl3tool.cli.common import (
     ARTIFACT_HELP,
-    EXIT_HELP,
     ForceOpt,
     FormatOpt,
     IgnoreOpt,
@@ -89,6 +87,3 @@ def validate(
     report = action.run(opts)
     emit(report, fmt, output, quiet=quiet, force=force)
     raise typer.Exit(report.exit_code(strict))
-
-
-_ = (Path, EXIT_HELP)
