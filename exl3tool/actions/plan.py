@@ -22,6 +22,7 @@ from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect
 from exl3tool.formats.experts import expert_count, expert_table
 from exl3tool.formats.names import layer_of
+from exl3tool.formats.tail import config_tail, layer_range
 from exl3tool.rules import plan as pl
 from exl3tool.rules import r7 as r7_rules
 from exl3tool.rules.errors import InputError, UsageError
@@ -42,7 +43,6 @@ DENSE, TAIL_CLASS, PLAIN, BF16_DENSE, BF16_EXPERTS = (
     "dense BF16 (fallback)",
     "routed BF16 (fallback)",
 )
-TAIL_FORMAT = "exl3-trellis"
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _IUNITS = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
@@ -118,12 +118,6 @@ def parse_memory(text: str) -> int:
     return value
 
 
-def _range(value: Any) -> tuple[int, int] | None:
-    if isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value):
-        return (value[0], value[1]) if 0 <= value[0] <= value[1] else None
-    return None
-
-
 @dataclass
 class _Context:
     """What the runtime decided from the configs before any weight is allocated."""
@@ -145,8 +139,8 @@ def _quant_dicts(ckpt: Checkpoint) -> list[dict[str, Any]]:
 def _decide(ckpt: Checkpoint, kind: Kind, tp: int, quantization: str | None) -> _Context:
     """Exl3Config.override_quantization_method and the config step, as the runtime runs them."""
     config = ckpt.config if isinstance(ckpt.config, dict) else {}
-    tail = config.get("hybrid_tr3_tail")
-    tail = tail if isinstance(tail, dict) and tail.get("format") == TAIL_FORMAT else None
+    tail = config_tail(config)
+    tail = tail if tail is not None and tail.is_rank_sliced_format else None
     qs = _quant_dicts(ckpt)
     block = next((q["r7_routed_experts"] for q in qs if "r7_routed_experts" in q), None)
     stamp = next((q.get("quant_method") for q in qs if "quant_method" in q), None)
@@ -166,14 +160,14 @@ def _decide(ckpt: Checkpoint, kind: Kind, tp: int, quantization: str | None) -> 
             storage.update(
                 p for p, r in ts.items() if isinstance(r, dict) and r.get("quant_format") == "exl3"
             )
-    sliced = tail is not None and tail.get("runtime_profile") is None
+    sliced = tail is not None and tail.runtime_profile is None
     return _Context(
         kind,
         tp,
         kept,
         reason,
-        _range(block.get("moe_layers")) if isinstance(block, dict) else None,
-        _range(tail.get("moe_layers")) if tail is not None else None,
+        layer_range(block.get("moe_layers")) if isinstance(block, dict) else None,
+        tail.moe_layers if tail is not None else None,
         sliced,
         frozenset(storage),
     )

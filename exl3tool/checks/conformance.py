@@ -31,7 +31,6 @@ REFUSED_BY = {
 PLAIN_FIELDS = frozenset(("trellis", "suh", "svh", "su", "sv", "mcg", "mul1"))
 RANKED_FIELDS = frozenset(("trellis", "suh", "svh", "mcg", "mul1"))  # the rank-sliced regex
 MAX_NAMED = 20  # expert-namespace findings named one by one; the rest are counted
-TAIL_FORMAT = "exl3-trellis"
 
 
 def rank_sliced_tail(config: Any) -> dict[str, Any] | None:
