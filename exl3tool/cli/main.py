@@ -1,23 +1,36 @@
-"""The `exl3tool` command line. Each command lives in its own module of this package; heavy
-imports (torch, the trellis codec) happen inside the commands that need them."""
+"""The `exl3tool` command line. Each command lives in its own module of this package, imported
+only when that command is looked up; heavy imports (torch, the trellis codec) happen inside the
+commands that need them."""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import typer
 
 from exl3tool import __version__
-from exl3tool.cli import check as check_cmd
-from exl3tool.cli import decode as decode_cmd
-from exl3tool.cli import diff as diff_cmd
-from exl3tool.cli import identity as identity_cmd
-from exl3tool.cli import inspect as inspect_cmd
-from exl3tool.cli import plan as plan_cmd
-from exl3tool.cli import rules_cmd
-from exl3tool.cli import slice as slice_cmd
-from exl3tool.cli import stage as stage_cmd
-from exl3tool.cli import validate as validate_cmd
-from exl3tool.cli import verify_swap as verify_swap_cmd
 from exl3tool.cli.common import EXIT_HELP
+from exl3tool.cli.lazy import LazyGroup
+
+
+class Commands(LazyGroup):
+    """The commands, in the order a publisher meets them; each module is imported when its
+    command is looked up (run, its --help, or `exl3tool --help`)."""
+
+    table: ClassVar[dict[str, str]] = {
+        "validate": "exl3tool.cli.validate:validate",
+        "inspect": "exl3tool.cli.inspect:inspect",
+        "plan": "exl3tool.cli.plan:plan",
+        "identity": "exl3tool.cli.identity:identity",
+        "diff": "exl3tool.cli.diff:diff",
+        "stage-cartridge": "exl3tool.cli.stage:stage_cartridge",
+        "slice": "exl3tool.cli.slice:slice_cmd",
+        "verify-swap": "exl3tool.cli.verify_swap:verify_swap",
+        "decode": "exl3tool.cli.decode:decode",
+        "check": "exl3tool.cli.check:check",
+        "rules": "exl3tool.cli.rules_cmd:rules",
+    }
+
 
 app = typer.Typer(
     name="exl3tool",
@@ -26,6 +39,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Commands,
     context_settings={"help_option_names": ["-h", "--help"]},  # subcommands inherit it
 )
 
@@ -43,20 +57,6 @@ def _root(
     ),
 ) -> None:
     """exl3tool: checks and tools for EXL3 / R7 checkpoints and MSRT cartridges."""
-
-
-# In the order a publisher meets them.
-app.command("validate")(validate_cmd.validate)
-app.command("inspect")(inspect_cmd.inspect)
-app.command("plan")(plan_cmd.plan)
-app.command("identity")(identity_cmd.identity)
-app.command("diff")(diff_cmd.diff)
-app.command("stage-cartridge")(stage_cmd.stage_cartridge)
-app.command("slice")(slice_cmd.slice_cmd)
-app.command("verify-swap")(verify_swap_cmd.verify_swap)
-app.command("decode")(decode_cmd.decode)
-app.command("check")(check_cmd.check)
-app.command("rules")(rules_cmd.rules)
 
 
 def main() -> None:

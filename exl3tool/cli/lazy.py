@@ -1,0 +1,74 @@
+"""A typer group whose commands are imported and built only when one is looked up.
+
+typer builds every registered command (a signature walk and one click parameter per option)
+and the CLI imported every command module before any of them ran. `LazyGroup.commands` maps
+each name to `"module:function"` instead and builds a command on first lookup, the way typer
+itself would have (`Typer.command` then `get_command_from_info`). Listing the names builds
+nothing; `exl3tool --help` looks every command up, so it prints what it printed before.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import typer
+import typer.main
+from typer.core import TyperGroup
+
+if TYPE_CHECKING:
+    from typer._click import Command, Context
+
+
+class _Commands(MutableMapping[str, "Command"]):
+    """name -> click command; a `"module:function"` value is built on first access."""
+
+    def __init__(self, table: dict[str, str], markup: Any, short: bool) -> None:
+        self._items: dict[str, Command | str] = dict(table)
+        self._markup, self._short = markup, short
+
+    def __getitem__(self, name: str) -> Command:
+        item = self._items[name]
+        if isinstance(item, str):
+            item = self._items[name] = self._build(name, item)
+        return item
+
+    def _build(self, name: str, target: str) -> Command:
+        module, _, attr = target.partition(":")
+        factory = typer.Typer()  # the CommandInfo defaults of `app.command(name)`
+        factory.command(name)(getattr(importlib.import_module(module), attr))
+        return typer.main.get_command_from_info(
+            factory.registered_commands[0],
+            pretty_exceptions_short=self._short,
+            rich_markup_mode=self._markup,
+        )
+
+    def __setitem__(self, name: str, command: Command) -> None:
+        self._items[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class LazyGroup(TyperGroup):
+    """A TyperGroup over `table` (name -> `"module:function"`, in listing order); subclasses
+    set `table`."""
+
+    table: ClassVar[dict[str, str]] = {}
+    pretty_exceptions_short: ClassVar[bool] = True  # typer.Typer's default
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        commands = _Commands(self.table, self.rich_markup_mode, self.pretty_exceptions_short)
+        commands.update(self.commands)  # any registered the ordinary way
+        self.commands = commands
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        return list(self.commands)  # names only: TyperGroup's would build every command
