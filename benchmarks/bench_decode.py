@@ -1,10 +1,16 @@
 """Trellis decode throughput (issue 3): exl3tool vs exllamav3 `reconstruct`, same run.
 
     python benchmarks/bench_decode.py [--cpu] [--cuda] [--codebook mcg] [--repeat 20]
+                                      [--experts 64] [--no-dense]
 
 Shapes: a 6144x2048 K=4 expert and an 8192x8192 K=4 dense layer (in x out). Reports weights/s for
 the rotated decode (Ŵ) and the effective weight (W_eff, matmul/FMA order and fused fp16 path), the
 ratio to exllamav3 (when importable) and the HBM bound = (trellis + fp16 output bytes) / 4.3 TB/s.
+
+With --cuda it also times the expert shapes of issue 16 (6144x2048 and 2048x6144, K 2-5, MCG and
+MUL1): the grouped decode (one launch for --experts matrices) against exllamav3's `reconstruct` per
+call and back-to-back, and the fused effective-weight kernel against exllamav3's
+`get_weight_tensor` and the previous matmul path; every output is compared bit for bit.
 """
 
 # ruff: noqa: B023 - each timed lambda runs inside its own loop iteration
@@ -175,19 +181,118 @@ def bench_cuda(cb: str, repeat: int) -> None:
         print(_fmt("exl3tool effective (fused fp16)", k, n, fus))
 
 
+EXPERT_SHAPES = ((6144, 2048), (2048, 6144))
+
+
+def _row(label: str, theirs: float, ours: float, bound: float, same: bool) -> str:
+    return (
+        f"  {label:<28} exllamav3 {theirs * 1e6:8.1f} us  ours {ours * 1e6:8.1f} us  "
+        f"ratio {theirs / ours:5.2f}x  bound {bound * 1e6:5.1f} us  bit-exact={same}"
+    )
+
+
+def bench_cuda_experts(repeat: int, experts: int) -> None:
+    """Issue 16: grouped decode and fused W_eff on expert-sized matrices, per expert."""
+    try:
+        from exllamav3.ext import exllamav3_ext as ext
+        from exllamav3.modules.quant.exl3 import LinearEXL3
+    except Exception as exc:
+        print(f"exllamav3 not importable ({exc}); exl3tool figures only")
+        ext = LinearEXL3 = None
+    print(f"expert shapes, {experts} experts per grouped launch (times per expert)")
+    for cb in ("mcg", "mul1"):
+        mcg, mul1 = cb == "mcg", cb == "mul1"
+        for k, n in EXPERT_SHAPES:
+            for K in (2, 3, 4, 5):
+                g = torch.Generator().manual_seed(k + n + K)
+                ts = [
+                    torch.randint(
+                        -32768, 32768, (k // 16, n // 16, 16 * K), dtype=torch.int16, generator=g
+                    ).cuda()
+                    for _ in range(experts)
+                ]
+                suh = [(torch.randn(k, generator=g) + 0.1).half().cuda() for _ in ts]
+                svh = [(torch.randn(n, generator=g) + 0.1).half().cuda() for _ in ts]
+                moved = ts[0].numel() * 2 + k * n * 2
+                bound = moved / HBM_BYTES_PER_S
+                label = f"{k}x{n} K={K} {cb}"
+                group = _cuda_time(lambda ts=ts: tc.decode_rotated_many(ts, cb), repeat) / experts
+                mine = tc.decode_rotated_many(ts, cb)
+                weights = tc.effective_weights(list(zip(ts, suh, svh, strict=True)), cb)
+                wgroup = (
+                    _cuda_time(
+                        lambda ts=ts, suh=suh, svh=svh: tc.effective_weights(
+                            list(zip(ts, suh, svh, strict=True)), cb
+                        ),
+                        max(3, repeat // 4),
+                    )
+                    / experts
+                )
+                old = _cuda_time(
+                    lambda t=ts[0], a=suh[0], b=svh[0]: tc.effective_weight(
+                        t, a, b, cb, method="matmul"
+                    ),
+                    max(3, repeat // 4),
+                )
+                if ext is None:
+                    print(f"  {label:<28} grouped decode {group * 1e6:8.1f} us  bound "
+                          f"{bound * 1e6:5.1f} us  W_eff kernel {wgroup * 1e6:8.1f} us  "
+                          f"matmul path {old * 1e6:8.1f} us")  # fmt: skip
+                    continue
+                ref = torch.empty((k, n), dtype=torch.half, device="cuda")
+                refs = [torch.empty_like(ref) for _ in ts]
+                one = _cuda_time(
+                    lambda t=ts[0], ref=ref: ext.reconstruct(ref, t, float(K), mcg, mul1), repeat
+                )
+
+                def all_experts(ts=ts, refs=refs):
+                    for t, r in zip(ts, refs, strict=True):
+                        ext.reconstruct(r, t, float(K), mcg, mul1)
+
+                b2b = _cuda_time(all_experts, repeat) / experts
+                same = all(
+                    torch.equal(a.view(torch.int16), b.view(torch.int16))
+                    for a, b in zip(mine, refs, strict=True)
+                )
+                print(_row(label + " decode/call", one, group, bound, same))
+                print(_row(label + " decode/b2b", b2b, group, bound, same))
+                lins = [
+                    LinearEXL3(None, k, n, suh=a, svh=b, trellis=t,
+                               mcg=torch.tensor(-877912083, dtype=torch.int32) if mcg else None,
+                               mul1=torch.tensor(-2082680531, dtype=torch.int32) if mul1 else None)
+                    for t, a, b in zip(ts[:4], suh[:4], svh[:4], strict=True)
+                ]  # fmt: skip
+                gwt = _cuda_time(lambda lin=lins[0]: lin.get_weight_tensor(), max(3, repeat // 4))
+                wsame = all(
+                    torch.equal(w.view(torch.int16), lin.get_weight_tensor().view(torch.int16))
+                    for w, lin in zip(weights[:4], lins, strict=True)
+                )
+                print(
+                    f"  {label + ' W_eff':<28} get_weight_tensor {gwt * 1e6:8.1f} us  kernel "
+                    f"{wgroup * 1e6:8.1f} us  ratio {gwt / wgroup:5.2f}x  (matmul path "
+                    f"{old * 1e6:8.1f} us)  bit-exact={wsame}"
+                )
+                del ts, refs, mine, weights
+                torch.cuda.empty_cache()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--cuda", action="store_true")
     ap.add_argument("--codebook", default="mcg", choices=tc.CODEBOOKS)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--no-dense", action="store_true", help="skip the 6144x2048/8192x8192 section")
     args = ap.parse_args()
     do_cpu = args.cpu or not args.cuda
     do_cuda = args.cuda or (not args.cpu and torch.cuda.is_available())
     if do_cpu:
         bench_cpu(args.codebook, max(3, args.repeat // 4))
     if do_cuda:
-        bench_cuda(args.codebook, args.repeat)
+        if not args.no_dense:
+            bench_cuda(args.codebook, args.repeat)
+        bench_cuda_experts(args.repeat, args.experts)
         from exl3tool.trellis import _triton
 
         print(f"triton direct relaunch of cached kernels: {_triton._fast_ok}")

@@ -6,6 +6,7 @@ Everything is bit-exact with exllamav3 1.6.5 (docs/formats/exl3.md §3-§5) on C
     decode_rotated(trellis, codebook, *, rows=None, cols=None, device=None) -> fp16 [k, n]
     effective_weight(trellis, suh, svh, codebook, *, rows=None, cols=None, device=None,
                      method="auto") -> fp16 [k, n]
+    decode_rotated_many / effective_weights: the same for many matrices, one launch per shape on CUDA
     unpack(trellis) -> int32 states [..., 256];  pack(states, K) -> int16 [..., 16K]
     had_r_128(x, pre_scale=None, post_scale=None, scale=1.0) -> fp16
     codebook_lut(codebook, device=None) -> fp16 [65536]
@@ -24,7 +25,12 @@ from exl3tool.trellis.bitstream import (
     unpack,
 )
 from exl3tool.trellis.codebook import CODEBOOKS, codebook_from_markers, codebook_lut
-from exl3tool.trellis.decode import check_rate_codebook, decode_rotated, decode_states
+from exl3tool.trellis.decode import (
+    check_rate_codebook,
+    decode_rotated,
+    decode_rotated_many,
+    decode_states,
+)
 from exl3tool.trellis.errors import TrellisError
 from exl3tool.trellis.hadamard import (
     fused_transform,
@@ -33,7 +39,7 @@ from exl3tool.trellis.hadamard import (
     had_right,
     matmul_matches_fma,
 )
-from exl3tool.trellis.weight import effective_weight
+from exl3tool.trellis.weight import effective_weight, effective_weights
 
 __all__ = [
     "CODEBOOKS",
@@ -45,8 +51,10 @@ __all__ = [
     "codebook_from_markers",
     "codebook_lut",
     "decode_rotated",
+    "decode_rotated_many",
     "decode_states",
     "effective_weight",
+    "effective_weights",
     "fused_transform",
     "had_left",
     "had_r_128",

@@ -39,6 +39,58 @@ def available(device: torch.device) -> bool:
 if HAVE_TRITON:
 
     @triton.jit
+    def tile_values(trellis_ptr, row, col, tiles_n, mask, WD, KB, HALF, CB):
+        """fp16 Ŵ[row, col] straight from the trellis words (row, col: broadcastable int tensors).
+
+        The state window (§3.3), the tile permutation (§3.4) and the codebook (§4) use integer ops
+        only, the same arithmetic as exl3tool.trellis.codebook, so the result equals the torch path.
+        Terms that depend on the row only are computed on the row tensor, before broadcasting.
+        """
+        R: tl.constexpr = 16 * WD
+        tk = row >> 4
+        rr = row & 15
+        tn = col >> 4
+        cc = col & 15
+        # position p of tile element (rr, cc): inverse of TC_PERM (§3.4)
+        pr = 8 * ((rr & 7) >> 1) + (rr & 1) + 2 * (rr >> 3)
+        pc = 32 * (cc & 7) + 4 * (cc >> 3)
+        p = pr + pc
+        e = (p + 1) * (2 * KB + 1) >> 1 if HALF else (p + 1) * KB
+        st = e + (R - 16)
+        st = tl.where(st >= R, st - R, st)
+        w = st >> 4
+        o = st & 15
+        w2 = w + 1
+        w2 = tl.where(w2 == WD, 0, w2)
+        base = (tk * tiles_n + tn) * WD
+        a = tl.load(trellis_ptr + base + (w ^ 1), mask=mask, other=0)
+        b = tl.load(trellis_ptr + base + (w2 ^ 1), mask=mask, other=0)
+        return state_value(a, b, o, CB)
+
+    @triton.jit
+    def state_value(a, b, o, CB):
+        """fp16 codebook value (§4) of the 16 ring bits at offset o of the int16 word pair (a, b)."""
+        a = a.to(tl.uint16, bitcast=True).to(tl.uint32)
+        b = b.to(tl.uint16, bitcast=True).to(tl.uint32)
+        v = (a << 16) | b
+        s = (v >> (16 - o).to(tl.uint32)) & 0xFFFF
+        if CB == 2:
+            x = s * tl.full((), 0x83DCD12D, tl.uint32)
+            bsum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
+            f = (bsum + 1024).to(tl.float32) * 0.00676727294921875 + (-10.3828125)
+            val = f.to(tl.float16)
+        else:
+            if CB == 0:
+                x = s * tl.full((), 89226354, tl.uint32) + tl.full((), 64248484, tl.uint32)
+            else:
+                x = s * tl.full((), 0xCBAC1FED, tl.uint32)
+            x = (x & tl.full((), 0x8FFF8FFF, tl.uint32)) ^ tl.full((), 0x3B603B60, tl.uint32)
+            lo = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+            hi = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+            val = (lo.to(tl.float32) + hi.to(tl.float32)).to(tl.float16)
+        return val
+
+    @triton.jit
     def _decode_kernel(
         trellis_ptr,
         out_ptr,
@@ -54,53 +106,10 @@ if HAVE_TRITON:
     ):
         pid_r = tl.program_id(0)
         pid_n = tl.program_id(1)
-        R: tl.constexpr = 16 * WD
-
-        r = tl.arange(0, 16 * TR)
+        row = pid_r * (16 * TR) + tl.arange(0, 16 * TR)  # output row
         c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row = pid_r * (16 * TR) + r  # output row
-        tk = row >> 4
-        rr = r & 15
-        tn = c >> 4
-        cc = c & 15
-
-        # position p of tile element (rr, cc): inverse of TC_PERM (§3.4)
-        pr = 8 * ((rr & 7) >> 1) + (rr & 1) + 2 * (rr >> 3)
-        pc = 32 * (cc & 7) + 4 * (cc >> 3)
-        p = pr[:, None] + pc[None, :]
-        e = (p + 1) * (2 * KB + 1) >> 1 if HALF else (p + 1) * KB
-        st = e + (R - 16)
-        st = tl.where(st >= R, st - R, st)
-        w = st >> 4
-        o = st & 15
-        w2 = w + 1
-        w2 = tl.where(w2 == WD, 0, w2)
-
-        base = (tk[:, None] * tiles_n + tn[None, :]) * WD
         mask = (row < k_rows)[:, None] & (c < n_cols)[None, :]
-        a = tl.load(trellis_ptr + base + (w ^ 1), mask=mask, other=0)
-        b = tl.load(trellis_ptr + base + (w2 ^ 1), mask=mask, other=0)
-        a = a.to(tl.uint16, bitcast=True).to(tl.uint32)
-        b = b.to(tl.uint16, bitcast=True).to(tl.uint32)
-        v = (a << 16) | b
-        s = (v >> (16 - o).to(tl.uint32)) & 0xFFFF
-
-        # codebook (§4), same arithmetic as exl3tool.trellis.codebook
-        if CB == 2:
-            x = s * tl.full((), 0x83DCD12D, tl.uint32)
-            bsum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
-            f = (bsum + 1024).to(tl.float32) * 0.00676727294921875 + (-10.3828125)
-            val = f.to(tl.float16)
-        else:
-            if CB == 0:
-                x = s * tl.full((), 89226354, tl.uint32) + tl.full((), 64248484, tl.uint32)
-            else:
-                x = s * tl.full((), 0xCBAC1FED, tl.uint32)
-            x = (x & tl.full((), 0x8FFF8FFF, tl.uint32)) ^ tl.full((), 0x3B603B60, tl.uint32)
-            lo = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-            hi = (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
-            val = (lo.to(tl.float32) + hi.to(tl.float32)).to(tl.float16)
-
+        val = tile_values(trellis_ptr, row[:, None], c[None, :], tiles_n, mask, WD, KB, HALF, CB)
         tl.store(out_ptr + row[:, None] * n_cols + c[None, :], val, mask=mask)
 
 

@@ -169,3 +169,38 @@ def states_to_tiles(values: torch.Tensor) -> torch.Tensor:
         lambda: torch.tensor(tc_perm_inverse(), dtype=torch.int64, device=values.device),
     )
     return values.index_select(-1, inv).view(*values.shape[:-1], TILE, TILE)
+
+
+def decode_rotated_many(
+    trellises: list[torch.Tensor], codebook: str, *, device: torch.device | str | None = None
+) -> list[torch.Tensor]:
+    """Ŵ of many whole matrices, each as `decode_rotated` gives it.
+
+    On CUDA, trellises of one shape and rate are decoded by one grouped kernel launch (all experts
+    of a projection at once); elsewhere one `decode_rotated` call each.
+    """
+    if not trellises:
+        return []
+    dev = torch.device(device) if device is not None else trellises[0].device
+    from exl3tool.trellis import _triton
+
+    if not (dev.type == "cuda" and _triton.available(dev)):
+        return [decode_rotated(t, codebook, device=dev) for t in trellises]
+    from exl3tool.trellis import _triton_group
+
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(trellises):
+        rate = _check_trellis(t)
+        if t.dim() != 3:
+            raise TrellisError(f"trellis must be 3-D [k/16, n/16, 16K], got {tuple(t.shape)}")
+        groups.setdefault((tuple(t.shape), rate), []).append(i)
+    outs: list[torch.Tensor | None] = [None] * len(trellises)
+    for (shape, rate), idx in groups.items():
+        name = check_rate_codebook(rate, codebook)
+        ts = [trellises[i].to(dev).contiguous() for i in idx]
+        o = [torch.empty((shape[0] * TILE, shape[1] * TILE), dtype=torch.float16, device=dev)
+             for _ in idx]  # fmt: skip
+        _triton_group.decode_group(ts, o, name, rate)
+        for i, w in zip(idx, o, strict=True):
+            outs[i] = w
+    return outs  # type: ignore[return-value]

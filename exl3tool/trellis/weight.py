@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import torch
 
+from exl3tool.trellis import _triton
 from exl3tool.trellis.bitstream import TILE, _check_trellis
-from exl3tool.trellis.decode import _as_range, check_rate_codebook, decode_rotated
+from exl3tool.trellis.decode import _as_range, check_rate_codebook, decode_rotated, slice_trellis
 from exl3tool.trellis.errors import TrellisError
-from exl3tool.trellis.hadamard import HAD, _pick, fused_transform, had_left, had_right
+from exl3tool.trellis.hadamard import (
+    HAD,
+    _pick,
+    fused_transform,
+    had_left,
+    had_right,
+    hadamard_matrix,
+)
 
 # Weights decoded and transformed per block: the fp32 transients stay a few tens of MB, so a
 # layer needs about 2x its fp16 output in all (docs/formats/exl3.md §5.3 steps run per 128-row block)
@@ -47,7 +55,8 @@ def effective_weight(
     suh fp16 [k], svh fp16 [n]: the full vectors. rows / cols: element ranges on 128-channel
     boundaries (TP slices). method: "auto" / "fma" / "matmul" for get_weight_tensor's fp32 order
     (auto = fp32 matmul where a self-check shows it matches the sequential-FMA order, else the
-    emulation), or "fused" for `ext.reconstruct_had_slice`'s fp16 arithmetic.
+    emulation, "kernel" = the fused Triton kernel, which evaluates that order with true fp32 FMAs;
+    auto takes it on CUDA), or "fused" for `ext.reconstruct_had_slice`'s fp16 arithmetic.
     """
     rate = _check_trellis(trellis)
     check_rate_codebook(rate, codebook)
@@ -65,6 +74,8 @@ def effective_weight(
     dev = torch.device(device) if device is not None else trellis.device
     suh_d = suh[r0:r1].to(dev)
     svh_d = svh[c0:c1].to(dev)
+    if _use_kernel(method, dev):
+        return _kernel_weight(trellis, suh_d, svh_d, codebook, (r0, r1), (c0, c1), dev)
     fused = method == "fused"
     if not fused:
         method = _pick(method, dev)
@@ -82,3 +93,68 @@ def effective_weight(
         w = had_right(w, method)
         torch.mul(w, svh_d.view(1, -1), out=o)
     return out
+
+
+def _use_kernel(method: str, dev: torch.device) -> bool:
+    if method == "kernel":
+        if not _triton.available(dev):
+            raise TrellisError("the fused Triton kernel is not available on this device")
+        return True
+    return method == "auto" and dev.type == "cuda" and _triton.available(dev)
+
+
+def _kernel_weight(trellis, suh_d, svh_d, codebook, rows, cols, dev) -> torch.Tensor:
+    from exl3tool.trellis import _triton_group
+
+    rate = _check_trellis(trellis)
+    name = check_rate_codebook(rate, codebook)
+    whole = rows == (0, trellis.shape[0] * TILE) and cols == (0, trellis.shape[1] * TILE)
+    sub = trellis if whole else slice_trellis(trellis, rows, cols)
+    sub = sub.to(dev).contiguous()
+    out = torch.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=torch.float16, device=dev)
+    _triton_group.weight_group(
+        [sub], [suh_d.contiguous()], [svh_d.contiguous()], [out], hadamard_matrix(dev), name, rate
+    )
+    return out
+
+
+def effective_weights(
+    items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    codebook: str,
+    *,
+    device: torch.device | str | None = None,
+) -> list[torch.Tensor]:
+    """W_eff of many whole matrices [(trellis, suh, svh)], each as `effective_weight` gives it.
+
+    On CUDA, matrices of one shape and rate are decoded by one launch of the fused kernel (all
+    experts of a projection at once); elsewhere one `effective_weight` call each.
+    """
+    if not items:
+        return []
+    dev = torch.device(device) if device is not None else items[0][0].device
+    if not (dev.type == "cuda" and _triton.available(dev)):
+        return [effective_weight(t, su, sv, codebook, device=dev) for t, su, sv in items]
+    from exl3tool.trellis import _triton_group
+
+    groups: dict[tuple, list[int]] = {}
+    for i, (t, su, sv) in enumerate(items):
+        rate = _check_trellis(t)
+        check_rate_codebook(rate, codebook)
+        if t.dim() != 3 or (t.shape[0] * TILE) % HAD or (t.shape[1] * TILE) % HAD:
+            raise TrellisError(f"trellis shape {tuple(t.shape)} is not a whole 128-block matrix")
+        _check_scale(su, t.shape[0] * TILE, "suh")
+        _check_scale(sv, t.shape[1] * TILE, "svh")
+        groups.setdefault((tuple(t.shape), rate), []).append(i)
+    outs: list[torch.Tensor | None] = [None] * len(items)
+    had = hadamard_matrix(dev)
+    for (shape, rate), idx in groups.items():
+        name = check_rate_codebook(rate, codebook)
+        ts = [items[i][0].to(dev).contiguous() for i in idx]
+        sus = [items[i][1].to(dev).contiguous() for i in idx]
+        svs = [items[i][2].to(dev).contiguous() for i in idx]
+        o = [torch.empty((shape[0] * TILE, shape[1] * TILE), dtype=torch.float16, device=dev)
+             for _ in idx]  # fmt: skip
+        _triton_group.weight_group(ts, sus, svs, o, had, name, rate)
+        for i, w in zip(idx, o, strict=True):
+            outs[i] = w
+    return outs  # type: ignore[return-value]

@@ -65,6 +65,47 @@ def test_cuda_effective_matches_cpu(K, cb):
     assert _same(tc.had_r_128(x.cuda(), None, suh.cuda()), tc.had_r_128(x, None, suh))
 
 
+@pytest.mark.parametrize(
+    ("K", "cb"), [(2, "mcg"), (3, "mcg"), (4, "mul1"), (5, "mcg"), (3.5, "mul1")]
+)
+def test_cuda_fused_kernel_matches_fma_order(K, cb):
+    """The fused W_eff kernel evaluates §5.4's sequential-FMA order: equal to the CPU reference,
+    whole and on 128-aligned TP slices, alone and grouped."""
+    t = _rand_trellis(384, 640, K, seed=11)
+    suh, svh = _rand_scales(384, 3), _rand_scales(640, 4)
+    ref = tc.effective_weight(t.cpu(), suh, svh, cb, method="fma")
+    assert _same(tc.effective_weight(t, suh.cuda(), svh.cuda(), cb, method="kernel"), ref)
+    part = tc.effective_weight(
+        t, suh.cuda(), svh.cuda(), cb, rows=(128, 384), cols=(256, 512), method="kernel"
+    )
+    assert _same(part, ref[128:384, 256:512])
+    others = [_rand_trellis(384, 640, K, seed=20 + i) for i in range(3)]
+    items = [(t, suh.cuda(), svh.cuda())] + [(o, suh.cuda(), svh.cuda()) for o in others]
+    grouped = tc.effective_weights(items, cb)
+    assert _same(grouped[0], ref)
+    for o, w in zip(others, grouped[1:], strict=True):
+        assert _same(w, tc.effective_weight(o.cpu(), suh, svh, cb, method="fma"))
+
+
+@pytest.mark.parametrize(("k", "n"), [(2048, 6144), (6144, 2048)])
+def test_cuda_fused_kernel_expert_shapes(k, n):
+    """Expert-sized matrices: the kernel equals the order-exact emulation run on the GPU."""
+    t = _rand_trellis(k, n, 4, seed=k)
+    suh, svh = _rand_scales(k, 5).cuda(), _rand_scales(n, 6).cuda()
+    kern = tc.effective_weight(t, suh, svh, "mcg", method="kernel")
+    assert _same(kern, tc.effective_weight(t, suh, svh, "mcg", method="fma"))
+
+
+def test_cuda_grouped_decode_matches_single():
+    """One grouped launch over mixed shapes and rates equals one decode per matrix."""
+    ts = [_rand_trellis(2048, 512, K, seed=30 + i) for i, K in enumerate((2, 3, 3, 5, 2))]
+    ts.append(_rand_trellis(512, 384, 4, seed=40))
+    for cb in ("mcg", "mul1", "3inst"):
+        many = tc.decode_rotated_many(ts, cb)
+        for t, w in zip(ts, many, strict=True):
+            assert _same(w, tc.decode_rotated(t.cpu(), cb))
+
+
 def _ext():
     pytest.importorskip("exllamav3")
     from exllamav3.ext import exllamav3_ext

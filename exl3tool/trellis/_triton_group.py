@@ -1,0 +1,223 @@
+"""Grouped Triton kernels: one launch decodes many same-shaped matrices (all experts of a projection).
+
+* `decode_group`: Ŵ of each matrix (exllamav3's `ext.reconstruct`, bit for bit). A program decodes
+  TR tile rows x BLOCK_N columns of one matrix; the per-position terms of the state window (§3.3,
+  §3.4), identical in every tile, are computed once per program and reused for each tile row.
+* `weight_group`: W_eff of each matrix (§5.3) in the sequential-FMA order of §5.4, fused: a program
+  owns one 128 x 128 block, decodes it, runs the left Hadamard as 128 fp32 FMA steps, rounds, scales
+  by suh, runs the right Hadamard the same way, rounds, scales by svh. The block's own output
+  region is the scratch between the steps (the right transform reads the transposed intermediate
+  row by row), so no other memory is touched.
+
+Matrices are passed as a table of raw device addresses (int64), one row per matrix. With
+TRITON_INTERPRET=1 both kernels run on CPU tensors (tests only); there the FMA is emulated in float64
+(`EMU`), as the CPU reference in `hadamard.py` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from exl3tool.trellis import _triton
+from exl3tool.trellis._triton import HAVE_TRITON
+
+if HAVE_TRITON:  # pragma: no cover - depends on the environment
+    import triton
+    import triton.language as tl
+
+    from exl3tool.trellis._triton import state_value, tile_values
+
+    @triton.jit
+    def _group_decode_kernel(
+        table_ptr,
+        k_rows,
+        n_cols,
+        tiles_n,
+        WD: tl.constexpr,
+        KB: tl.constexpr,
+        HALF: tl.constexpr,
+        CB: tl.constexpr,
+        TR: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        pid_r = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        m = tl.program_id(2)
+        trellis_ptr = tl.load(table_ptr + 2 * m).to(tl.pointer_type(tl.int16))
+        out_ptr = tl.load(table_ptr + 2 * m + 1).to(tl.pointer_type(tl.float16))
+        R: tl.constexpr = 16 * WD
+        r = tl.arange(0, 16)
+        c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = (c < n_cols)[None, :]
+        # position terms of (rr, cc), shared by every tile row of this program (§3.3, §3.4)
+        pr = 8 * ((r & 7) >> 1) + (r & 1) + 2 * (r >> 3)
+        cc = c & 15
+        p = pr[:, None] + (32 * (cc & 7) + 4 * (cc >> 3))[None, :]
+        e = (p + 1) * (2 * KB + 1) >> 1 if HALF else (p + 1) * KB
+        st = e + (R - 16)
+        st = tl.where(st >= R, st - R, st)
+        w = st >> 4
+        o = st & 15
+        w2 = w + 1
+        w2 = tl.where(w2 == WD, 0, w2)
+        col_off = ((c >> 4) * WD)[None, :]
+        off_a = col_off + (w ^ 1)
+        off_b = col_off + (w2 ^ 1)
+        out_off = r[:, None] * n_cols + c[None, :]
+        for i in range(TR):
+            tk = pid_r * TR + i
+            row_base = tk * tiles_n * WD
+            a = tl.load(trellis_ptr + row_base + off_a, mask=cmask, other=0)
+            b = tl.load(trellis_ptr + row_base + off_b, mask=cmask, other=0)
+            val = state_value(a, b, o, CB)
+            tl.store(out_ptr + tk * 16 * n_cols + out_off, val, mask=cmask)
+
+    @triton.jit
+    def _fma32(a, b, acc, EMU: tl.constexpr):
+        if EMU:  # interpreter: numpy has no fma; f64 product is exact (§5.4 emulation)
+            return (a.to(tl.float64) * b.to(tl.float64) + acc.to(tl.float64)).to(tl.float32)
+        else:
+            return tl.fma(a, b, acc)
+
+    @triton.jit
+    def _group_weight_kernel(
+        table_ptr,
+        had_ptr,
+        row0,
+        col0,
+        n_out,
+        tiles_n,
+        WD: tl.constexpr,
+        KB: tl.constexpr,
+        HALF: tl.constexpr,
+        CB: tl.constexpr,
+        EMU: tl.constexpr,
+    ):
+        pid_r = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        m = tl.program_id(2)
+        trellis_ptr = tl.load(table_ptr + 4 * m).to(tl.pointer_type(tl.int16))
+        suh_ptr = tl.load(table_ptr + 4 * m + 1).to(tl.pointer_type(tl.float16))
+        svh_ptr = tl.load(table_ptr + 4 * m + 2).to(tl.pointer_type(tl.float16))
+        out_ptr = tl.load(table_ptr + 4 * m + 3).to(tl.pointer_type(tl.float16))
+        i = tl.arange(0, 128)
+        j = tl.arange(0, 128)
+        r_base = pid_r * 128
+        c_base = pid_c * 128
+        block = out_ptr + (r_base + i)[:, None] * n_out + (c_base + j)[None, :]
+        # 1. Ŵ of the block into its own output region
+        w = tile_values(
+            trellis_ptr,
+            (row0 + r_base + i)[:, None],
+            (col0 + c_base + j)[None, :],
+            tiles_n,
+            (j < 128)[None, :],
+            WD,
+            KB,
+            HALF,
+            CB,
+        )
+        tl.store(block, w)
+        tl.debug_barrier()
+        # 2. left transform: acc[i, j] = sum_t C[i, t] * Ŵ[t, j], t = 0..127, one fp32 FMA each
+        acc = tl.zeros((128, 128), dtype=tl.float32)
+        for t in range(128):
+            x = tl.load(out_ptr + (r_base + t) * n_out + c_base + j).to(tl.float32)
+            c = tl.load(had_ptr + i * 128 + t)
+            acc = _fma32(c[:, None], x[None, :], acc, EMU)
+        su = tl.load(suh_ptr + r_base + i).to(tl.float32)
+        y = (acc.to(tl.float16).to(tl.float32) * su[:, None]).to(tl.float16)
+        tl.debug_barrier()
+        # 3. the intermediate, transposed, into the region: row t of the region = column t of y
+        tl.store(out_ptr + (r_base + j)[None, :] * n_out + (c_base + i)[:, None], y)
+        tl.debug_barrier()
+        # 4. right transform: acc[i, j] = sum_t y[i, t] * C[t, j], same order
+        acc = tl.zeros((128, 128), dtype=tl.float32)
+        for t in range(128):
+            yt = tl.load(out_ptr + (r_base + t) * n_out + c_base + i).to(tl.float32)
+            c = tl.load(had_ptr + t * 128 + j)
+            acc = _fma32(yt[:, None], c[None, :], acc, EMU)
+        sv = tl.load(svh_ptr + c_base + j).to(tl.float32)
+        z = (acc.to(tl.float16).to(tl.float32) * sv[None, :]).to(tl.float16)
+        tl.debug_barrier()
+        tl.store(block, z)
+
+
+# (TR, BLOCK_N, num_warps) of the grouped decode
+DECODE_CONFIG = (4, 256, 8)
+WEIGHT_WARPS = 8
+
+
+def _table(rows: Sequence[Sequence[torch.Tensor]], device: torch.device) -> torch.Tensor:
+    return torch.tensor([[t.data_ptr() for t in r] for r in rows], dtype=torch.int64).to(device)
+
+
+def decode_group(
+    trellises: Sequence[torch.Tensor],
+    outs: Sequence[torch.Tensor],
+    codebook: str,
+    rate,
+    config: tuple[int, int, int] = DECODE_CONFIG,
+) -> None:
+    """Decode each contiguous trellis [tk, tn, Wd] into its fp16 out [16·tk, 16·tn], one launch.
+
+    All trellises share shape and rate; outs are contiguous, on the trellises' device."""
+    tr, bn, nw = config
+    tiles_k, tiles_n = trellises[0].shape[:2]
+    while tr > 1 and tiles_k % tr:
+        tr //= 2
+    k, n = 16 * tiles_k, 16 * tiles_n
+    table = _table(list(zip(trellises, outs, strict=True)), trellises[0].device)
+    grid = (tiles_k // tr, triton.cdiv(n, bn), len(trellises))
+    _group_decode_kernel[grid](
+        table,
+        k,
+        n,
+        tiles_n,
+        WD=rate.words,
+        KB=rate.bits,
+        HALF=rate.half,
+        CB=_triton._CB_ID[codebook],
+        TR=tr,
+        BLOCK_N=bn,
+        num_warps=nw,
+    )
+
+
+def weight_group(
+    trellises: Sequence[torch.Tensor],
+    suhs: Sequence[torch.Tensor],
+    svhs: Sequence[torch.Tensor],
+    outs: Sequence[torch.Tensor],
+    had: torch.Tensor,
+    codebook: str,
+    rate,
+    row0: int = 0,
+    col0: int = 0,
+) -> None:
+    """W_eff of rows [row0, row0 + k), cols [col0, col0 + n) of each trellis into its out [k, n].
+
+    trellises: contiguous, full [tk, tn, Wd], same shape and rate; suhs / svhs: fp16 [k] / [n],
+    already cut to the range; had: fp32 C = H_128 / √128 [128, 128]; all on one device. Ranges lie
+    on 128 boundaries."""
+    k, n = outs[0].shape
+    tiles_n = trellises[0].shape[1]
+    dev = trellises[0].device
+    table = _table(list(zip(trellises, suhs, svhs, outs, strict=True)), dev)
+    grid = (k // 128, n // 128, len(trellises))
+    _group_weight_kernel[grid](
+        table,
+        had,
+        row0,
+        col0,
+        n,
+        tiles_n,
+        WD=rate.words,
+        KB=rate.bits,
+        HALF=rate.half,
+        CB=_triton._CB_ID[codebook],
+        EMU=dev.type == "cpu",
+        num_warps=WEIGHT_WARPS,
+    )
