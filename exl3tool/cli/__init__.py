@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
 
@@ -25,3 +26,8 @@ def entry() -> None:
         app(prog_name="exl3tool")
     except (KeyboardInterrupt, signals.Interrupted) as exc:
         raise SystemExit(signals.say(exc)) from None
+    finally:
+        # The process ends here. Interpreter shutdown runs full collections that walk every
+        # object the imports made (~15 ms of a short command); frozen ones are skipped.
+        # Reference counting still frees them; stdout and stderr are flushed as always.
+        gc.freeze()
