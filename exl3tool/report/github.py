@@ -10,7 +10,6 @@ import os
 from typing import TextIO
 
 from exl3tool.report.model import Report
-from exl3tool.report.sarif import full_path, locate
 from exl3tool.rules.registry import Finding, Severity
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
@@ -27,6 +26,8 @@ def _escape_property(s: str) -> str:
 
 def annotation(report: Report, f: Finding) -> str:
     """One workflow command line for a finding."""
+    from exl3tool.report.sarif import full_path, locate  # not imported outside GitHub Actions
+
     props = []
     path = full_path(report, locate(report, f))
     if path:

@@ -9,7 +9,6 @@ message, so an alert survives reruns whose messages carry different numbers.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +92,8 @@ def _descriptor(r: Rule) -> dict[str, Any]:
 
 
 def fingerprint(place: Place, finding: Finding) -> str:
+    import hashlib  # OpenSSL's start-up (~3 ms), not paid by GitHub annotations (full_path)
+
     loc = finding.location
     key = "\x1f".join(
         (finding.code, str(place.artifact), place.rel, loc.tensor or "", loc.pointer or "")
