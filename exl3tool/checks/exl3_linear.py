@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exl3tool.checks.payload import FiniteCheck, read_scalar_i32
+from exl3tool.checks.payload import FiniteCheck, read_scalar_i32, run_deferred
 from exl3tool.formats.checkpoint import TensorRef
 from exl3tool.formats.exl3 import HALF_K, MCG_MARKER, MUL1_MARKER, LinearGroup, k_of_last_dim
 from exl3tool.io.views import TensorReader
@@ -209,17 +209,15 @@ def _marker_message(value: int, expected: int) -> str:
 
 
 def flush_payload_checks(reader: TensorReader, finite: FiniteCheck, findings: Findings) -> None:
-    """Run the deferred marker reads and the finiteness scan (zero-copy, one gather per shard)."""
-    markers = getattr(reader, "markers", None)
-    if markers is not None:
+    """Run the deferred marker reads and the finiteness scan (one gather per shard)."""
 
-        def bad_marker(ref: TensorRef, value: int, expected: int) -> None:
-            findings.add(
-                ex.EX_MARKER_VALUE,
-                _marker_message(value, expected),
-                file=ref.file,
-                tensor=ref.name,
-            )
+    def bad_marker(ref: TensorRef, value: int, expected: int) -> None:
+        findings.add(
+            ex.EX_MARKER_VALUE,
+            _marker_message(value, expected),
+            file=ref.file,
+            tensor=ref.name,
+        )
 
-        markers.run(reader, bad_marker)
-    finite.run(reader, report_nonfinite(findings))
+    run_deferred(reader, getattr(reader, "markers", None), finite, bad_marker,
+                 report_nonfinite(findings))  # fmt: skip

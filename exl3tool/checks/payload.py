@@ -1,26 +1,35 @@
 """Payload reads of the checks: a random-access reader, deferred marker reads and a deferred
-NaN/Inf scan, each one packed gather per shard (few preads, never the whole shard)."""
+NaN/Inf scan, done together in one packed gather per shard (few preads, never the whole shard).
+
+numpy is imported only when the vectors to scan are large enough for its import (~50 ms) to pay
+off; smaller scans test the exponent bits with Python integers, with the same results.
+"""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from exl3tool.formats.checkpoint import TensorRef
 from exl3tool.io.safetensors import SafetensorsFile
 from exl3tool.io.views import TensorReader
 from exl3tool.rules.registry import Findings
 
+# Total vector bytes from which the scan uses numpy (its import costs what Python integers
+# take for ~10 MB of words; numpy then scans ~5 GB/s).
+NUMPY_MIN_BYTES = 4 << 20
+
+_I32 = struct.Struct("<i")
+
 
 class RandomAccessReader(TensorReader):
     """A TensorReader whose files are advised POSIX_FADV_RANDOM: the checks read 4-byte markers
     and small vectors scattered between large trellis payloads, and the kernel's default
     readahead would otherwise pull in megabytes of trellis around every read. Marker reads
-    are deferred into `markers` and done in one gather per shard."""
+    are deferred into `markers` and done with the NaN/Inf scan (`run_deferred`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -44,99 +53,153 @@ def read_scalar_i32(reader: TensorReader, ref: TensorRef) -> int | None:
         return None
 
 
-def _gather(reader: TensorReader, items: list[tuple[TensorRef, Any]]) -> tuple[np.ndarray, Any]:
-    """The payloads of one shard's `items`, packed (`TensorReader.gather`: few preads, each
-    position keeping its alignment mod 16); a shard that shrank since is InputChanged."""
-    spans = [(r.info.begin, r.info.end) for r, _ in items]
-    return reader.gather(items[0][0].shard, spans)
-
-
 def _by_shard(items: list[tuple[TensorRef, Any]]) -> dict[Path, list[tuple[TensorRef, Any]]]:
     out: dict[Path, list[tuple[TensorRef, Any]]] = {}
-    for ref, extra in items:
-        out.setdefault(ref.shard.path, []).append((ref, extra))
+    for item in items:
+        group = out.get(item[0].shard.path)
+        if group is None:
+            group = out[item[0].shard.path] = []
+        group.append(item)
     return out
 
 
 class MarkerCheck:
-    """Deferred reads of int32 scalar markers, one vectorised gather per shard (a GLM-5.2 R7
-    checkpoint has 57,600 of them; a Python read each costs more than the page fault)."""
+    """Deferred reads of int32 scalar markers (a GLM-5.2 R7 checkpoint has 57,600 of them; a
+    pread each costs more than the check)."""
 
     def __init__(self) -> None:
         self._items: list[tuple[TensorRef, int]] = []
 
     def add(self, ref: TensorRef, expected: int) -> None:
-        if ref.info.nbytes == 4 and ref.info.end + ref.shard.data_start <= ref.shard.file_size:
+        info = ref.info
+        if info.nbytes == 4 and info.end + ref.shard.data_start <= ref.shard.file_size:
             self._items.append((ref, expected))
 
-    def run(self, reader: TensorReader, report: Callable[[TensorRef, int, int], None]) -> None:
-        """Call report(ref, value, expected) for every marker whose value differs."""
-        for items in _by_shard(self._items).values():
-            data, begins = _gather(reader, items)
-            want = np.fromiter((e for _, e in items), dtype=np.int64, count=len(items))
-            got = data[begins[:, None] + np.arange(4)].view("<i4").ravel().astype(np.int64)
-            for i in np.flatnonzero(got != want):
-                report(items[i][0], int(got[i]), int(want[i]))
 
-
-# word view and exponent mask per float dtype; all exponent bits set = NaN or Inf
-_EXPONENT_BITS = {"F16": ("<u2", 0x7C00), "F32": ("<u4", 0x7F800000)}
+# word size and exponent mask per float dtype; all exponent bits set = NaN or Inf
+_EXPONENT_BITS = {"F16": (2, 0x7C00), "F32": (4, 0x7F800000)}
+_WORD_VIEW = {2: "<u2", 4: "<u4"}
 
 
 class FiniteCheck:
-    """Deferred NaN/Inf scan of F16/F32 vectors: per shard, one gather over every vector's
-    elements through a zero-copy view, testing the exponent bits (all ones = NaN/Inf)."""
+    """Deferred NaN/Inf scan of F16/F32 vectors: a vector fails when a whole word of its
+    payload has every exponent bit set."""
 
     def __init__(self) -> None:
         self._items: list[tuple[TensorRef, None]] = []
 
     def add(self, ref: TensorRef) -> None:
-        end_ok = ref.info.end + ref.shard.data_start <= ref.shard.file_size
-        if ref.info.dtype in _EXPONENT_BITS and ref.info.nbytes and end_ok:
+        info = ref.info
+        end_ok = info.end + ref.shard.data_start <= ref.shard.file_size
+        if info.dtype in _EXPONENT_BITS and info.nbytes and end_ok:
             self._items.append((ref, None))
 
-    def run(self, reader: TensorReader, report: Callable[[TensorRef], None]) -> None:
-        for items in _by_shard(self._items).values():
-            data, pos = _gather(reader, items)
-            for dtype, (view, mask) in _EXPONENT_BITS.items():
-                sel = [
-                    (r, int(p))
-                    for (r, _), p in zip(items, pos, strict=True)
-                    if r.info.dtype == dtype
-                ]
-                if sel:
-                    self._scan(data, sel, view, mask, report)
+    def nbytes(self) -> int:
+        return sum(r.info.nbytes for r, _ in self._items)
 
-    @staticmethod
-    def _scan(
-        data: np.ndarray,
-        refs: list[tuple[TensorRef, int]],
-        view: str,
-        mask: int,
-        report: Callable[[TensorRef], None],
-    ) -> None:
-        """`refs`: (tensor, position of its payload in `data`)."""
-        size = np.dtype(view).itemsize
-        aligned = [(r, p) for r, p in refs if p % size == 0]
-        for r, p in refs:  # an odd offset cannot be viewed as a word array: check it alone
-            if p % size:
-                words = data[p : p + r.info.nbytes - r.info.nbytes % size].copy().view(view)
-                if ((words & mask) == mask).any():
-                    report(r)
-        if not aligned:
-            return
-        words = data[: data.size - data.size % size].view(view)
-        if not ((words & mask) == mask).any():
-            return  # the usual case: no NaN/Inf word anywhere in the packed reads, not even in gaps
-        starts = np.fromiter((p // size for _, p in aligned), np.int64, len(aligned))
-        # words of each payload (its numel may disagree with its bytes: the header checks say so)
-        counts = np.fromiter((r.info.nbytes // size for r, _ in aligned), np.int64, len(aligned))
-        ends = np.cumsum(counts)
-        index = np.repeat(starts - (ends - counts), counts) + np.arange(ends[-1])
-        bad = (words[index] & mask) == mask
-        if bad.any():
-            for i in np.unique(np.searchsorted(ends, np.flatnonzero(bad), side="right")):
-                report(aligned[i][0])
+
+def run_deferred(
+    reader: TensorReader,
+    markers: MarkerCheck | None,
+    finite: FiniteCheck,
+    bad_marker: Callable[[TensorRef, int, int], None],
+    nonfinite: Callable[[TensorRef], None],
+) -> None:
+    """Read every deferred marker and vector with one gather per shard; report each marker
+    whose value differs (bad_marker(ref, value, expected)), then each vector holding NaN/Inf."""
+    marked = _by_shard(markers._items if markers is not None else [])
+    scanned = _by_shard(finite._items)
+    use_numpy = finite.nbytes() >= NUMPY_MIN_BYTES
+    wrong: dict[Path, list[tuple[TensorRef, int, int]]] = {}
+    failed: dict[Path, list[TensorRef]] = {}
+    for path in {**marked, **scanned}:
+        m_items, f_items = marked.get(path, []), scanned.get(path, [])
+        items = m_items + f_items
+        spans = [(r.info.begin, r.info.end) for r, _ in items]
+        data, pos = reader.gather(items[0][0].shard, spans)
+        unpack = _I32.unpack_from
+        wrong[path] = [
+            (ref, got, want)
+            for (ref, want), p in zip(m_items, pos, strict=False)
+            if (got := unpack(data, p)[0]) != want
+        ]
+        if f_items:
+            placed = list(zip((r for r, _ in f_items), pos[len(m_items) :], strict=True))
+            failed[path] = (_scan_numpy if use_numpy else _scan_ints)(data, placed)
+    for path in marked:
+        for args in wrong[path]:
+            bad_marker(*args)
+    for path in scanned:
+        for ref in failed[path]:
+            nonfinite(ref)
+
+
+def _scan_ints(data: bytearray, placed: list[tuple[TensorRef, int]]) -> list[TensorRef]:
+    """The NaN/Inf vectors of `placed` (tensor, position in `data`), one Python-integer test
+    each: word w fails when (w & mask) + lowest mask bit carries into the bit above the mask."""
+    bad: list[TensorRef] = []
+    for dtype, (size, mask) in _EXPONENT_BITS.items():
+        sel = [(r, p) for r, p in placed if r.info.dtype == dtype]
+        # in `_scan_words`' order: payloads at an odd offset first, then the aligned ones
+        for odd in (True, False):
+            for ref, p in sel:
+                if bool(p % size) is odd and _has_nonfinite(data, p, ref.info.nbytes, size, mask):
+                    bad.append(ref)
+    return bad
+
+
+def _has_nonfinite(data: bytearray, p: int, nbytes: int, size: int, mask: int) -> bool:
+    n = nbytes - nbytes % size
+    if not n:
+        return False
+    low = mask & -mask
+    reps = n // size
+    word_m, word_c, word_h = (v.to_bytes(size, "little") * reps for v in (mask, low, mask + low))
+    x = int.from_bytes(data[p : p + n], "little")
+    m, c, h = (int.from_bytes(b, "little") for b in (word_m, word_c, word_h))
+    return bool(((x & m) + c) & h)
+
+
+def _scan_numpy(data: bytearray, placed: list[tuple[TensorRef, int]]) -> list[TensorRef]:
+    """The same over a zero-copy numpy view: the whole packed read is tested once, and a per-word
+    index is built only when a NaN/Inf word is there at all."""
+    import numpy as np
+
+    arr = np.frombuffer(data, dtype=np.uint8)
+    bad: list[TensorRef] = []
+    for dtype, (size, mask) in _EXPONENT_BITS.items():
+        sel = [(r, p) for r, p in placed if r.info.dtype == dtype]
+        if sel:
+            bad.extend(_scan_words(np, arr, sel, size, mask))
+    return bad
+
+
+def _scan_words(
+    np: Any, data: Any, refs: list[tuple[TensorRef, int]], size: int, mask: int
+) -> list[TensorRef]:
+    view = _WORD_VIEW[size]
+    bad: list[TensorRef] = []
+    aligned = [(r, p) for r, p in refs if p % size == 0]
+    for r, p in refs:  # an odd offset cannot be viewed as a word array: check it alone
+        if p % size:
+            words = data[p : p + r.info.nbytes - r.info.nbytes % size].copy().view(view)
+            if ((words & mask) == mask).any():
+                bad.append(r)
+    if not aligned:
+        return bad
+    words = data[: data.size - data.size % size].view(view)
+    if not ((words & mask) == mask).any():
+        return bad  # the usual case: no NaN/Inf word anywhere in the packed reads, not even in gaps
+    starts = np.fromiter((p // size for _, p in aligned), np.int64, len(aligned))
+    # words of each payload (its numel may disagree with its bytes: the header checks say so)
+    counts = np.fromiter((r.info.nbytes // size for r, _ in aligned), np.int64, len(aligned))
+    ends = np.cumsum(counts)
+    index = np.repeat(starts - (ends - counts), counts) + np.arange(ends[-1])
+    hit = (words[index] & mask) == mask
+    if hit.any():
+        for i in np.unique(np.searchsorted(ends, np.flatnonzero(hit), side="right")):
+            bad.append(aligned[i][0])
+    return bad
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from exl3tool.io.dtypes import numpy_dtype
 from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo
@@ -95,7 +95,10 @@ class PayloadFile:
         """Fill all of `buf` from offset `start`; InputChanged if the file ends before."""
         fd = self._fileno()
         want = len(buf)
-        got = 0
+        try:  # the usual case: one call fills it (an error is raised by the loop's retry)
+            got = os.preadv(fd, [buf], start)
+        except OSError:
+            got = 0
         while got < want:
             try:
                 n = os.preadv(fd, [buf[got:]], start + got)
@@ -187,39 +190,40 @@ class TensorReader:
         arr.flags.writeable = False
         return arr
 
-    def gather(self, st: SafetensorsFile, spans: list[tuple[int, int]]) -> tuple[Any, Any]:
+    def gather(
+        self, st: SafetensorsFile, spans: list[tuple[int, int]]
+    ) -> tuple[bytearray, list[int]]:
         """Many small payload spans of one shard ([begin, end) relative to its data section) in
-        one packed uint8 array: returns (data, pos), span i at data[pos[i] : pos[i] + its length].
+        one packed buffer: returns (data, pos), span i at data[pos[i] : pos[i] + its length].
         Each pos keeps its begin's alignment mod 16 (word views stay possible); spans closer than
         GATHER_GAP are read with one pread."""
-        import numpy as np
-
         f = self._map(st)
         base = st.data_start
-        order = sorted(range(len(spans)), key=lambda i: spans[i][0])
+        order = sorted(range(len(spans)), key=spans.__getitem__)
         runs: list[list[int]] = []  # [begin, end] of each pread, relative to the data section
         run_of = [0] * len(spans)
+        last: list[int] = [0, -GATHER_GAP - 1]
         for i in order:
             b, e = spans[i]
-            if runs and b - runs[-1][1] <= GATHER_GAP:
-                runs[-1][1] = max(runs[-1][1], e)
+            if b - last[1] <= GATHER_GAP:
+                if e > last[1]:
+                    last[1] = e
             else:
-                runs.append([b, e])
+                last = [b, e]
+                runs.append(last)
             run_of[i] = len(runs) - 1
-        data = np.zeros(sum(e - b + 16 for b, e in runs), dtype=np.uint8)
+        data = bytearray(sum(e - b + 16 for b, e in runs))
         view = memoryview(data)
         shift: list[int] = []  # packed position minus relative begin, per run
         at = 0
+        read = f.read_into
         for b, e in runs:
             at += (b - at) % 16  # the same alignment mod 16 as in the data section
             if e > b:
-                f.read_into(view[at : at + e - b], base + b)
+                read(view[at : at + e - b], base + b)
             shift.append(at - b)
             at += e - b
-        pos = np.fromiter(
-            (spans[i][0] + shift[run_of[i]] for i in range(len(spans))), np.int64, len(spans)
-        )
-        return data, pos
+        return data, [s[0] + shift[r] for s, r in zip(spans, run_of, strict=True)]
 
     def verify_unchanged(self) -> None:
         for f in self._maps.values():

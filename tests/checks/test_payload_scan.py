@@ -1,0 +1,130 @@
+"""checks/payload: the deferred marker reads and NaN/Inf scan, with and without numpy, equal a
+word-by-word reference, in the order the checks report them."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from pathlib import Path
+
+import pytest
+
+from exl3tool.checks import payload
+from exl3tool.checks.payload import FiniteCheck, MarkerCheck, RandomAccessReader, run_deferred
+from exl3tool.formats.checkpoint import TensorRef, load_checkpoint
+from exl3tool.rules.registry import Findings
+
+MARKER = -877912083
+_WORD = {"F16": (2, 0x7C00), "F32": (4, 0x7F800000)}
+
+
+def _write(path: Path, seed: int) -> tuple[Path, dict[str, bytes]]:
+    """A shard of F16/F32 vectors (some at odd offsets, some with NaN/Inf words, some with a
+    trailing partial word), I32 markers (some wrong) and large I16 gaps between them."""
+    rng = random.Random(seed)
+    header: dict[str, dict] = {}
+    blobs: dict[str, bytes] = {}
+    at = 0
+    for i in range(rng.randrange(5, 40)):
+        kind = rng.choice(["F16", "F16", "F32", "mcg", "gap", "odd"])
+        if kind == "gap":
+            name, dtype, n = f"g{i}", "I16", rng.choice([10, 40_000, 70_000])
+            raw = bytes(rng.getrandbits(8) for _ in range(2 * n)) if n < 100 else b"\xff" * (2 * n)
+            shape = [n]
+        elif kind == "odd":  # one byte: shifts what follows to an odd offset
+            name, dtype, raw, shape = f"o{i}", "U8", b"\x00", [1]
+        elif kind == "mcg":
+            value = MARKER if rng.random() < 0.7 else rng.randrange(-(2**31), 2**31)
+            name, dtype, raw, shape = f"m{i}", "I32", struct.pack("<i", value), []
+        else:
+            size, mask = _WORD[kind]
+            n = rng.randrange(1, 300)
+            words = []
+            for _ in range(n):
+                w = rng.getrandbits(8 * size)
+                if rng.random() < 0.97:
+                    w &= ~(mask & -mask)  # clear one exponent bit: finite
+                words.append(w.to_bytes(size, "little"))
+            raw = b"".join(words)
+            name, dtype, shape = f"v{i}", kind, [n]
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(raw)]}
+        blobs[name] = raw
+        at += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)) + text + b"".join(blobs.values()))
+    return path, blobs
+
+
+def _reference(refs: list[TensorRef], blobs: dict[str, bytes]) -> tuple[list, list]:
+    wrong = [
+        (r.name, v, MARKER)
+        for r in refs
+        if r.info.dtype == "I32" and (v := struct.unpack("<i", blobs[r.name])[0]) != MARKER
+    ]
+    nonfinite: list[str] = []
+    for dtype, (size, mask) in _WORD.items():
+        sel = [r for r in refs if r.info.dtype == dtype]
+        # vectors at an odd packed position are reported first (the packed gather keeps each
+        # begin's alignment mod 16, so the parity of the file offset decides)
+        for odd in (True, False):
+            for r in sel:
+                if bool(r.info.begin % size) is not odd:
+                    continue
+                raw = blobs[r.name]
+                words = (
+                    int.from_bytes(raw[i : i + size], "little")
+                    for i in range(0, len(raw) - size + 1, size)
+                )
+                if any(w & mask == mask for w in words):
+                    nonfinite.append(r.name)
+    return wrong, nonfinite
+
+
+def _run(path: Path) -> tuple[list, list]:
+    ckpt = load_checkpoint(path, Findings())
+    refs = list(ckpt.tensors.values())
+    wrong: list = []
+    nonfinite: list = []
+    with RandomAccessReader() as reader:
+        markers, finite = MarkerCheck(), FiniteCheck()
+        for r in refs:
+            if r.info.dtype == "I32":
+                markers.add(r, MARKER)
+            finite.add(r)
+        run_deferred(
+            reader,
+            markers,
+            finite,
+            lambda r, v, e: wrong.append((r.name, v, e)),
+            lambda r: nonfinite.append(r.name),
+        )
+    return wrong, nonfinite
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_deferred_checks_equal_a_word_by_word_reference(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, blobs = _write(tmp_path / "m.safetensors", seed)
+    want = _reference(list(load_checkpoint(path, Findings()).tensors.values()), blobs)
+    monkeypatch.setattr(payload, "NUMPY_MIN_BYTES", 1 << 60)  # Python integers
+    assert _run(path) == want
+    monkeypatch.setattr(payload, "NUMPY_MIN_BYTES", 0)  # numpy
+    assert _run(path) == want
+
+
+def test_small_scans_do_not_import_numpy(tmp_path: Path) -> None:
+    """validate of a small artifact needs no numpy for its payload checks (start-up cost)."""
+    import subprocess
+    import sys
+
+    path, _ = _write(tmp_path / "m.safetensors", 3)
+    here, target = str(Path(__file__).parent), str(path)
+    code = (
+        f"import sys; from pathlib import Path; sys.path.insert(0, {here!r})\n"
+        f"from test_payload_scan import _run; _run(Path({target!r}))\n"
+        "assert 'numpy' not in sys.modules, 'numpy imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
