@@ -10,6 +10,8 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from itertools import chain, compress
+from operator import attrgetter
 from typing import Any
 
 MAX_INT = 2**63 - 1
@@ -76,6 +78,47 @@ def _walk(value: Any, pointer: str, depth: int, issues: list[JsonIssue]) -> None
         issues.append(JsonIssue("huge_int", pointer, "integer beyond 64 bits"))
 
 
+_CONTAINERS = frozenset((_Object, list))
+_INTS = frozenset((int,))  # a bool is no int here, as in `_walk`
+_FLOATS = frozenset((float,))
+_duplicates = attrgetter("duplicates")
+
+
+def _may_have_issues(value: Any) -> bool:
+    """False only when `_walk` would find nothing in a value parsed by DECODER: no duplicate
+    key, no non-finite float, no integer beyond 64 bits, no container at depth MAX_DEPTH (or
+    deeper). One pass per nesting level, type tests in C (a layer manifest holds ~9,000
+    values): ~4x cheaper than the walk, which then runs only where it has something to say."""
+    if type(value) not in _CONTAINERS:
+        return True  # a scalar document: the walk is one step
+    level = [value]
+    depth = 0
+    while True:
+        if depth >= MAX_DEPTH:
+            return True
+        objects = [c for c in level if type(c) is _Object]
+        if any(map(_duplicates, objects)):
+            return True
+        lists = (c for c in level if type(c) is list)
+        values = list(chain(chain.from_iterable(map(dict.values, objects)), *lists))
+        types = list(map(type, values))
+        present = set(types)
+        if int in present:
+            ints = list(compress(values, map(_INTS.__contains__, types)))
+            if max(ints) > MAX_INT or min(ints) < -MAX_INT:
+                return True
+        # NaN or Inf makes the sum non-finite (an overflowing sum of finite floats only costs
+        # a walk)
+        if float in present and not math.isfinite(
+            sum(compress(values, map(_FLOATS.__contains__, types)))
+        ):
+            return True
+        if present.isdisjoint(_CONTAINERS):
+            return False
+        level = list(compress(values, map(_CONTAINERS.__contains__, types)))
+        depth += 1
+
+
 def _lone_surrogate_in(value: Any) -> bool:
     stack = [value]  # iterative: the parser accepts nesting deeper than our recursion budget
     while stack:
@@ -127,7 +170,8 @@ def loads(text: str | bytes) -> tuple[Any, list[JsonIssue]]:
     issues: list[JsonIssue] = []
     if has_lone_surrogate(text, value):
         issues.append(JsonIssue("encoding", "", "lone UTF-16 surrogate escape (not Unicode)"))
-    _walk(value, "", 0, issues)
+    if _may_have_issues(value):
+        _walk(value, "", 0, issues)
     return value, issues
 
 

@@ -168,3 +168,73 @@ def test_pretty_json_keeps_deeper_levels_on_one_line() -> None:
     lines = pretty_json(doc, 4).splitlines()
     assert '        "a": {"shape": [1, 2], "file": "x"}' in lines
     assert pretty_json(doc, 0) == json.dumps(doc, separators=(", ", ": "))
+
+
+def _walked(text: str) -> list[tuple[str, str, str]]:
+    """The issues of the full walk over every value (what `loads` reported before its screen)."""
+    value = strict_json.DECODER.decode(text)
+    issues = strict_json.walk_issues(value)
+    return [(i.kind, i.pointer, i.message) for i in issues]
+
+
+def _nested(depth: int, leaf: str) -> str:
+    out = leaf
+    for i in range(depth):
+        out = f'{{"k{i}": {out}}}' if i % 2 else f"[1, {out}]"
+    return out
+
+
+_SCALARS = st.sampled_from(
+    [
+        "0", "-1", "true", "false", "null", '"s"', "1.5", "NaN", "-Infinity", "1e999",
+        "-1e999", "9223372036854775807", "9223372036854775808", "-9223372036854775807",
+        "-9223372036854775808", "1e308", "[]", "{}",
+    ]
+)  # fmt: skip
+
+
+@st.composite
+def _documents(draw: st.DrawFn) -> str:
+    """Objects and arrays with duplicate keys, non-finite and 64-bit edge numbers, bools and
+    nesting around MAX_DEPTH."""
+
+    def value(level: int) -> str:
+        if level > 3 or draw(st.booleans()):
+            leaf = draw(_SCALARS)
+            deep = draw(st.sampled_from([0, 0, 0, 60, 62, 63, 64, 65]))
+            return _nested(deep, leaf) if deep else leaf
+        if draw(st.booleans()):
+            return "[" + ", ".join(value(level + 1) for _ in range(draw(st.integers(0, 4)))) + "]"
+        keys = draw(st.lists(st.sampled_from(["a", "b", "c/d", "e~"]), max_size=4))
+        return "{" + ", ".join(f'"{k}": {value(level + 1)}' for k in keys) + "}"
+
+    return value(0)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_documents())
+def test_screened_loads_reports_what_the_full_walk_reports(text: str) -> None:
+    """`loads` walks a value only when its screen finds something the walk could report; the
+    issues are the walk's own, in its order."""
+    got = [(i.kind, i.pointer, i.message) for i in loads(text)[1]]
+    assert got == _walked(text), text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        _nested(63, "1"),
+        _nested(64, "1"),
+        _nested(64, "[]"),
+        _nested(64, "1.5"),
+        _nested(65, '"s"'),
+        '{"a": [1, 2, 9223372036854775808]}',
+        '{"a": {"b": [true, -9223372036854775808]}}',
+        "[1e308, 1e308]",  # a finite pair whose sum overflows: walked, nothing found
+        '{"a": {"x": 1, "x": 1}}',
+        "NaN",
+        "[[[[-Infinity]]]]",
+    ],
+)
+def test_screen_edges(text: str) -> None:
+    assert [(i.kind, i.pointer, i.message) for i in loads(text)[1]] == _walked(text)
