@@ -12,7 +12,7 @@ from typing import Any
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.detect import Kind
-from exl3tool.formats.names import parse_expert
+from exl3tool.formats.names import ExpertPrefixes
 from exl3tool.formats.tail import config_tail
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import checkpoint as ck
@@ -75,30 +75,31 @@ def check_storage_claim(ckpt: Checkpoint, kind: Kind, findings: Findings) -> Non
         )
 
 
-def _claimed_layers(ckpt: Checkpoint) -> set[int]:
+def _claimed_layers(ckpt: Checkpoint, names: ExpertPrefixes) -> set[int]:
     """Layers the runtime loads as EXL3 experts: those holding an expert trellis."""
     out: set[int] = set()
     for name in ckpt.tensors:
         if name.endswith(".trellis") and ".mlp.experts." in name:
-            en = parse_expert(name)
+            en = names.parse(name)
             if en is not None:
-                out.add(en.layer)
+                out.add(en[0])
     return out
 
 
 def check_expert_namespace(ckpt: Checkpoint, findings: Findings) -> None:
     """The model's load_weights expert mapping: every name under an expert projection must be an
     EXL3 component the loader has a parameter for."""
-    claimed = _claimed_layers(ckpt)
+    names = ExpertPrefixes()  # one parse per projection, not per tensor
+    claimed = _claimed_layers(ckpt, names)
     bad: list[tuple[str, str]] = []
     for name, ref in ckpt.tensors.items():
         if ".mlp.experts." not in name:
             continue
-        en = parse_expert(name)
-        if en is None or en.layer not in claimed:
+        en = names.parse(name)
+        if en is None or en[0] not in claimed:
             continue
-        allowed = PLAIN_FIELDS if en.rank is None else RANKED_FIELDS
-        if en.field not in allowed:
+        allowed = PLAIN_FIELDS if en[1] is None else RANKED_FIELDS
+        if en[2] not in allowed:
             bad.append((name, ref.file))
     for name, file in bad[:MAX_NAMED]:
         findings.add(

@@ -13,6 +13,12 @@ EXPERT_RE = re.compile(
     r"^model\.layers\.(?P<layer>0|[1-9][0-9]*)\.mlp\.experts\.(?P<expert>0|[1-9][0-9]*)"
     r"\.(?P<proj>gate_proj|up_proj|down_proj)(?:\.rank(?P<rank>[0-9]+))?\.(?P<field>[A-Za-z0-9_]+)$"
 )
+# EXPERT_RE without its field: what the name before its last dot must be (`expert_prefix`)
+EXPERT_PREFIX_RE = re.compile(
+    r"model\.layers\.(?P<layer>0|[1-9][0-9]*)\.mlp\.experts\.(?P<expert>0|[1-9][0-9]*)"
+    r"\.(?P<proj>gate_proj|up_proj|down_proj)(?:\.rank(?P<rank>[0-9]+))?"
+)
+_FIELD_RE = re.compile(r"[A-Za-z0-9_]+")
 R7_SHARED_RE = re.compile(
     r"^model\.layers\.(?P<layer>0|[1-9][0-9]*)\.mlp\.experts\.r7_shared\.(?P<field>gate_up_suh|down_svh)$"
 )
@@ -61,3 +67,35 @@ def split_field(name: str) -> tuple[str, str]:
     """`a.b.c.trellis` -> (`a.b.c`, `trellis`)."""
     prefix, _, last = name.rpartition(".")
     return prefix, last
+
+
+class ExpertPrefixes:
+    """`parse_expert`'s (layer, rank, field) of many names, parsed once per `{prefix}` (the
+    name before its last dot: a projection's trellis, markers and vectors share one). The same
+    answers: a name whose field is a plain token parses exactly when its prefix does."""
+
+    def __init__(self) -> None:
+        self._prefixes: dict[str, tuple[int, int | None] | None] = {}
+        self._plain: dict[str, bool] = {}  # field -> a plain token (EXPERT_RE's field group)
+
+    def parse(self, name: str) -> tuple[int, int | None, str] | None:
+        prefix, _, field = name.rpartition(".")
+        plain = self._plain.get(field)
+        if plain is None:
+            plain = self._plain[field] = _FIELD_RE.fullmatch(field) is not None
+        if not plain:  # e.g. a trailing newline, which EXPERT_RE's `$` lets through
+            en = parse_expert(name)
+            return None if en is None else (en.layer, en.rank, en.field)
+        if prefix in self._prefixes:
+            hit = self._prefixes[prefix]
+        else:
+            hit = self._prefixes[prefix] = _parse_prefix(prefix)
+        return None if hit is None else (hit[0], hit[1], field)
+
+
+def _parse_prefix(prefix: str) -> tuple[int, int | None] | None:
+    m = EXPERT_PREFIX_RE.fullmatch(prefix)
+    if m is None:
+        return None
+    rank = m.group("rank")
+    return int(m.group("layer")), None if rank is None else int(rank)
