@@ -1,0 +1,153 @@
+"""A file held under a Linux read lease, read through short-lived read-only mappings.
+
+`fcntl(F_SETLEASE, F_RDLCK)` on a read-only descriptor succeeds only while nobody has the file
+open for writing. While it is held, another process's open for writing, `O_TRUNC` or
+`truncate(2)` blocks for up to /proc/sys/fs/lease-break-time seconds (45 by default) and the
+lease shows as breaking. So a mapping of a leased file cannot lose its pages (the SIGBUS of
+issue 15) as long as its reader calls `intact()` before each few MB it touches and, once that
+is False, touches no mapping of the file again before `close()` (which lets the writer go on).
+
+The break is noticed by polling F_GETLEASE, not through its signal: the signal is set to
+SIGURG, which is ignored by default, so no handler (Python runs them in the main thread only)
+is needed and no late signal can end the process.
+
+`LeaseRefused` (read the file with pread instead) when: not Linux; the caller neither owns the
+file nor has CAP_LEASE (EACCES); a writer has it open (EAGAIN); the filesystem is not one of
+LOCAL_FS, where every writer goes through this kernel (NFS, FUSE, 9p, overlay: a writer
+elsewhere would not break the lease); the kernel has no leases (EINVAL: gVisor); the
+lease-break-time is under MIN_BREAK_S. A mapped page can still fault on a disk read error,
+where pread would return EIO.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import signal
+import stat
+import sys
+from pathlib import Path
+
+from exl3tool.io.safetensors import FileStamp
+
+# linux/magic.h: filesystems whose every writer is a local open that breaks the lease
+LOCAL_FS = {
+    0xEF53: "ext2/3/4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0xF2F52010: "f2fs",
+    0x2FC12FC1: "zfs",
+    0x01021994: "tmpfs",
+}
+MIN_BREAK_S = 5  # a reader checks `intact()` every few MB: well within this even when loaded
+_F_SETSIG, _F_SETLEASE, _F_GETLEASE = 10, 1024, 1025  # linux/fcntl.h
+_BREAK_TIME = Path("/proc/sys/fs/lease-break-time")
+
+
+class LeaseRefused(Exception):
+    """The file cannot be held under a read lease here (the reason is the message)."""
+
+
+def _fs_type(fd: int) -> int | None:
+    """statfs' f_type of an open file; None where it cannot be read (f_type is a word whose
+    low 32 bits come first on little-endian Linux, whatever its width)."""
+    if sys.byteorder != "little":
+        return None
+    import ctypes
+
+    buf = ctypes.create_string_buffer(512)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.fstatfs(fd, buf) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return int.from_bytes(buf.raw[:4], "little")
+
+
+def _refusal(fd: int, st: os.stat_result) -> str | None:
+    """Why this open file may not be leased and mapped, or None."""
+    if not sys.platform.startswith("linux") or sys.maxsize < 1 << 32:
+        return "read leases are used on 64-bit Linux only"
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return "not a non-empty regular file"
+    try:
+        brk = int(_BREAK_TIME.read_text())
+    except (OSError, ValueError):
+        return f"{_BREAK_TIME} unreadable"
+    if brk < MIN_BREAK_S:
+        return f"lease-break-time {brk} s < {MIN_BREAK_S} s"
+    fs = _fs_type(fd)
+    if fs not in LOCAL_FS:
+        return "filesystem type " + ("unknown" if fs is None else hex(fs)) + " is not local"
+    return None
+
+
+class LeasedMap:
+    """An open regular file under a read lease: `stamp` and `size` cannot change while
+    `intact()` is True; `window` maps byte ranges read-only. Raises LeaseRefused (or OSError
+    from open) when it cannot be held; `close()` releases the lease."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        # O_NONBLOCK: a FIFO posing as a shard must not hang the open
+        self._fd: int | None = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            why = _refusal(self._fd, os.fstat(self._fd))
+            if why:
+                raise LeaseRefused(why)
+            try:
+                import fcntl
+
+                fcntl.fcntl(self._fd, _F_SETSIG, signal.SIGURG)
+                fcntl.fcntl(self._fd, _F_SETLEASE, fcntl.F_RDLCK)
+            except OSError as exc:
+                name = errno.errorcode.get(exc.errno or 0, "error")
+                raise LeaseRefused(f"F_SETLEASE: {name} ({exc.strerror})") from exc
+            self.stamp = FileStamp.of(os.fstat(self._fd))  # fixed from here while intact
+        except BaseException:
+            os.close(self._fd)
+            self._fd = None
+            raise
+        self.size = self.stamp.size
+
+    def _fileno(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self.path}: file is closed")
+        return self._fd
+
+    def intact(self) -> bool:
+        """True while nobody waits to write or truncate the file (check before touching a
+        mapping, and again every few MB)."""
+        import fcntl
+
+        try:
+            return fcntl.fcntl(self._fileno(), _F_GETLEASE) == fcntl.F_RDLCK
+        except OSError:
+            return False
+
+    def window(self, start: int, end: int) -> tuple[mmap.mmap, int]:
+        """A read-only mapping from the page holding `start` to `end`, and where `start` lies
+        in it; close it when done (its pages then leave this process's resident memory)."""
+        if not 0 <= start < end <= self.size:
+            raise ValueError(f"{self.path}: window [{start}, {end}) outside {self.size} bytes")
+        lo = start - start % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(self._fileno(), end - lo, mmap.MAP_SHARED, mmap.PROT_READ, offset=lo)
+        return mm, start - lo
+
+    def fstat(self) -> FileStamp:
+        return FileStamp.of(os.fstat(self._fileno()))
+
+    def close(self) -> None:
+        """Release the lease (a waiting writer goes on) and the file; every window of it must
+        be closed, and none touched after a failed `intact()`, before this."""
+        if self._fd is not None:
+            import fcntl
+
+            # fails once the kernel's timeout broke it; closing releases it anyway
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self._fd, _F_SETLEASE, fcntl.F_UNLCK)
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,216 @@
+"""Hashing from mappings under a read lease (io/lease): a writer or a truncate that arrives
+while a file is hashed is exit 3 naming it, never SIGBUS; where no lease can be held the
+engine reads with pread and gives the same digests."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import blake3
+import numpy as np
+import pytest
+from identity_fixtures import write_shard
+
+from exl3tool.identity import engine
+from exl3tool.identity.engine import Segment, hash_files, hash_segments, hash_tensors
+from exl3tool.io.lease import LeasedMap, LeaseRefused
+from exl3tool.io.safetensors import read_header
+from exl3tool.rules.registry import Findings
+
+# truncate(2), which waits for a lease (coreutils' truncate opens with O_NONBLOCK and fails)
+TRUNCATE = "import os, sys; os.truncate(sys.argv[1], int(sys.argv[2]))"
+
+
+def _lease_works(path: Path) -> bool:
+    try:
+        LeasedMap(path).close()
+    except LeaseRefused:
+        return False
+    return True
+
+
+@pytest.fixture(params=["lease", "pread"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "pread":
+        monkeypatch.setenv("EXL3TOOL_NO_LEASE", "1")
+    else:
+        monkeypatch.delenv("EXL3TOOL_NO_LEASE", raising=False)
+    return str(request.param)
+
+
+@pytest.mark.parametrize("algo", ["sha256", "blake3"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_mapped_windows_hash_like_reference(
+    tmp_path: Path, algo: str, threads: int, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tiny windows and batches: a job spans many mappings, windows of interleaved files are
+    remapped in any order, batches never cross their hull."""
+    monkeypatch.setattr(engine, "MAP_WINDOW", 8192)
+    monkeypatch.setattr(engine, "MAP_BATCH", 5000)
+    monkeypatch.setattr(engine, "MT_READ", 12288)
+    monkeypatch.setattr(engine, "MT_MIN", 30_000)
+    rng = np.random.default_rng(3)
+    tensors = {f"t{i}": rng.integers(0, 255, int(n), dtype=np.uint8) for i, n in
+               enumerate(rng.integers(0, 40_000, 30))}  # fmt: skip
+    tensors["empty"] = np.zeros(0, np.uint8)
+    write_shard(tmp_path / "s.safetensors", tensors)
+    st = read_header(tmp_path / "s.safetensors", Findings())
+    assert st is not None
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(rng.bytes(70_001))
+    b.write_bytes(rng.bytes(30_000))
+    ref = {"sha256": hashlib.sha256, "blake3": blake3.blake3}[algo]
+    raw = (tmp_path / "s.safetensors").read_bytes()
+    got = hash_tensors(((n, st, t) for n, t in st.tensors.items()), algo, threads=threads)
+    assert got == {n: ref(raw[slice(*st.span(n))]).hexdigest() for n in st.tensors}
+    rows = [Segment(p, o, o + 700) for o in range(0, 28_000, 700) for p in (a, b)]
+    jobs = [("rows", rows), ("a", [Segment(a, 0, 70_001)]), ("back", [Segment(a, 60_000, 69_000),
+            Segment(a, 5, 6000)])]  # fmt: skip
+    data = {a: a.read_bytes(), b: b.read_bytes()}
+    want = {k: ref(b"".join(data[p][s:e] for p, s, e in segs)).hexdigest() for k, segs in jobs}
+    assert hash_segments(jobs, algo, threads=threads) == want
+
+
+def test_a_writer_holding_the_file_open_means_pread(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(os.urandom(100_000))
+    with open(p, "r+b"):
+        with pytest.raises(LeaseRefused, match=r"EAGAIN|F_SETLEASE|not local|break"):
+            LeasedMap(p)
+        assert hash_files([p], "blake3")[p] == blake3.blake3(p.read_bytes()).hexdigest()
+
+
+def test_lease_refused_for_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(LeaseRefused):
+        LeasedMap(tmp_path / "fifo")
+    (tmp_path / "empty").write_bytes(b"")
+    with pytest.raises(LeaseRefused):
+        LeasedMap(tmp_path / "empty")
+
+
+def test_lease_holds_a_truncate_back_until_released(tmp_path: Path) -> None:
+    """The kernel's side of the contract: truncate(2) waits while the lease is held, and the
+    lease shows as broken meanwhile."""
+    p = tmp_path / "f"
+    p.write_bytes(os.urandom(1 << 20))
+    try:
+        m = LeasedMap(p)
+    except LeaseRefused as exc:  # no leases here: the engine reads with pread (tests below)
+        assert re.search("EINVAL|EACCES|EPERM|not local|Linux|lease-break-time", str(exc))
+        return
+    cut = subprocess.Popen([sys.executable, "-c", TRUNCATE, str(p), "10"])
+    try:
+        for _ in range(1000):
+            if not m.intact():
+                break
+            time.sleep(0.01)
+        assert not m.intact()
+        assert cut.poll() is None and p.stat().st_size == 1 << 20  # still waiting
+    finally:
+        m.close()
+    assert cut.wait(timeout=30) == 0
+    assert p.stat().st_size == 10
+
+
+# The child hashes a shard; on its first progress report it starts another process that
+# truncates the shard (or opens it for writing) and waits until that process either finished
+# or is held back by the lease (/proc/locks shows it BREAKING); then every worker hashes on.
+CHILD = """
+import os, subprocess, sys, threading, time
+from pathlib import Path
+from exl3tool.identity import engine
+from exl3tool.io.views import InputChanged
+engine.DROP_EVERY = engine.MAP_WINDOW = engine.MAP_BATCH = engine.READ = 1 << 16
+engine.SMALL = 1 << 15
+path, what, api = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+ino = os.stat(path).st_ino
+other = []
+cmd = [sys.executable, "-c", sys.argv[4], str(path), "4096"] if what == "truncate" else [
+    "sh", "-c", ': >> "$0"', str(path)]
+
+lock, ready = threading.Lock(), threading.Event()
+
+
+def breaking():
+    try:
+        with open("/proc/locks") as fh:
+            return any("BREAKING" in ln and f":{ino} " in ln for ln in fh)
+    except OSError:  # no /proc/locks: no leases either
+        return False
+
+
+class Progress:  # every worker waits here until the other process is done or held back
+    def advance(self, n=1):
+        with lock:
+            if not other:
+                other.append(subprocess.Popen(cmd))
+        end = time.monotonic() + 30
+        while not ready.is_set() and time.monotonic() < end:
+            if other[0].poll() is not None or breaking():
+                ready.set()
+            time.sleep(0.005)
+
+
+try:
+    if api == "files":
+        out = engine.hash_files([path], "blake3", threads=2, progress=Progress())
+    else:
+        from exl3tool.io.safetensors import read_header
+        from exl3tool.rules.registry import Findings
+        st = read_header(path, Findings())
+        out = engine.hash_tensors([(n, st, t) for n, t in st.tensors.items()], "blake3",
+                                  threads=2, progress=Progress())
+except InputChanged as exc:
+    print("CHANGED", exc)
+    sys.exit(3)
+finally:
+    if other:
+        other[0].wait(60)
+print("DIGESTS", len(out))
+"""
+
+
+@pytest.mark.parametrize("api", ["files", "tensors"])
+@pytest.mark.parametrize("what", ["truncate", "open for writing"])
+def test_change_while_hashed_is_exit_3_never_sigbus(
+    tmp_path: Path, mode: str, what: str, api: str
+) -> None:
+    """Issue 15 under leases: a second process that truncates the shard while it is hashed
+    gives exit 3 naming it (with or without a lease), never a signal; one that only opens it
+    for writing breaks the lease (exit 3) or, read with pread, changes nothing (digests)."""
+    shard = tmp_path / "m.safetensors"
+    rng = np.random.default_rng(5)
+    write_shard(shard, {f"t{i}": rng.integers(0, 255, 40_000, dtype=np.uint8) for i in range(100)})
+    leased = mode == "lease" and _lease_works(shard)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CHILD), str(shard), what.split()[0], api, TRUNCATE],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode >= 0, f"killed by signal {signal.Signals(-r.returncode).name}: {r.stderr}"
+    if what == "truncate" or leased:
+        assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
+        assert "CHANGED" in r.stdout and "m.safetensors" in r.stdout
+    else:
+        assert r.returncode == 0 and "DIGESTS" in r.stdout, (r.returncode, r.stdout, r.stderr)
+
+
+def test_the_harness_sees_sigbus(tmp_path: Path) -> None:
+    """Control: the same truncation under an unguarded mapping is a signal death, which the
+    test above would report."""
+    p = tmp_path / "f"
+    p.write_bytes(os.urandom(1 << 20))
+    code = (
+        "import mmap, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+        "m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ); os.truncate(sys.argv[1], 0); m[500_000]"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, timeout=60)
+    assert r.returncode == -signal.SIGBUS
