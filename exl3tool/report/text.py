@@ -1,21 +1,27 @@
-"""Human report: a summary table, then findings grouped by file (rich)."""
+"""Human report: a summary table, then findings grouped by file (rich; plain text without
+rich where report/plain.py writes the same bytes)."""
 
 from __future__ import annotations
 
 import io
+import sys
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
+from exl3tool.report import plain
 from exl3tool.report.model import Report
 from exl3tool.rules.registry import Severity
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
 
 def _render(report: Report, console: Console, quiet: bool = False) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     s = report.summary()
     if not quiet:
         table = Table(title="exl3tool report", show_lines=False)
@@ -69,10 +75,23 @@ def _render(report: Report, console: Console, quiet: bool = False) -> None:
 
 
 def to_text(report: Report, color: bool = False) -> str:
+    text = None if color else plain.render(report, 80)
+    if text is not None:
+        return text
+    from rich.console import Console
+
     buf = io.StringIO()
     _render(report, Console(file=buf, color_system=None, width=80, no_color=not color))
     return buf.getvalue()
 
 
 def print_text(report: Report, quiet: bool = False) -> None:
+    width = plain.plain_width(sys.stdout)
+    text = None if width is None else plain.render(report, width, quiet)
+    if text is not None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from rich.console import Console
+
     _render(report, Console(), quiet=quiet)
