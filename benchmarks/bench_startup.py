@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -133,6 +134,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument(
+        "--bytecode",
+        action="store_true",
+        help="cache compiled modules (in a temporary PYTHONPYCACHEPREFIX, filled by the warm-up "
+        "round) even where PYTHONDONTWRITEBYTECODE is set, as an installed package has them",
+    )
     args = ap.parse_args()
 
     help_cmd = ["validate", "--help"] if _has_validate() else ["rules", "--help"]
@@ -140,6 +147,10 @@ def main() -> None:
     exl3 = [*py, "-m", "exl3tool"]
     with tempfile.TemporaryDirectory() as tmp:
         f = str(_one_tensor_file(Path(tmp)))
+        if args.bytecode:  # the children inherit it
+            os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+            os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
+        cached = "off" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "on"
         cases = {
             "python -c pass": [*py, "-c", "pass"],
             "exl3tool --help": [*exl3, "--help"],
@@ -152,6 +163,7 @@ def main() -> None:
         base = ms["python -c pass"]
         lines = [
             f"python {platform.python_version()} on {platform.machine()}, runs={args.runs}, "
+            f"bytecode cache {cached}, "
             f"F = a one-tensor safetensors file ({Path(f).stat().st_size} bytes); "
             "overhead = median minus the reference's median (best: minimum minus minimum)",
             "",
