@@ -1,28 +1,28 @@
 """Streaming copy of planned slices into safetensors parts: one pass over the source, bounded memory.
 
 Each output stream (one per rank for the per-rank layout, one for the rank-sliced layout) is a
-list of parts whose headers are known from the plan. The source is walked in batches of `BATCH`
-payload bytes. Every stream is a consumer running in its own thread (pread, numpy copies,
-hashing and `write` release the GIL), and so is the optional source hasher, which digests
-source tensors for the source identity in the same pass (from the page cache the copy fills).
-A consumer may run at most `WINDOW` batches ahead of the slowest one.
+list of parts whose headers are known from the plan. The source is read once, in blocks
+(`tp.blocks`: consecutive tensors of a file share a block, a large tensor is cut into blocks of
+whole rows) by one reader thread into a few pooled buffers (`tp.pipeline`); every stream and
+the optional source hasher (the source identity, taken in the same pass) is a consumer in a
+thread of its own that takes its pieces of each block from the shared buffer. pread, numpy
+copies, hashing and write release the GIL.
 
-Source bytes are read with pread into reusable buffers per consumer (CHUNK bytes, less with
-many consumers: `chunk_size` keeps them within BUFFER_BUDGET together), never through
-a mapping (issue 15 item 1: a truncated mapped file kills the process with SIGBUS); resident
-memory is those buffers whatever the source size. A shard that shrinks, changes or
-is replaced while read is `InputChanged` (exit 3, the file named). Contiguous runs are read,
-hashed and written from the same buffer (the digest is of the bytes written); strided runs
-(column slices of a trellis) are read a block of rows at a time and gathered. Each part is
-hashed (blake3, and sha256 when asked: `identity.engine.new_hasher`) as it is written, and its
-writeback to disk is started every `WRITEBACK` bytes so that the publishing fsync finds little
-left to do.
+Source bytes are read with pread, never through a mapping (issue 15 item 1: a truncated
+mapped file kills the process with SIGBUS); resident memory is DEPTH block buffers plus a
+gather buffer per stream (CHUNK bytes each, less with many streams: `chunk_size` keeps them
+within BUFFER_BUDGET) whatever the source size. A shard that shrinks, changes or is replaced
+while read is `InputChanged` (exit 3, the file named). Large contiguous runs are hashed and
+written from the block buffer itself (the digest is of the bytes written); column slices and
+small runs are gathered first (one write per gathered run). Each part
+is hashed (blake3, and sha256 when asked: `identity.engine.new_hasher`) as it is written, and
+its writeback to disk is started every `WRITEBACK` bytes so that the publishing fsync finds
+little left to do.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -36,13 +36,14 @@ from exl3tool.identity.engine import default_threads, new_hasher
 from exl3tool.io.safetensors import FileStamp
 from exl3tool.io.st_writer import TensorSpec, build_header
 from exl3tool.io.views import InputChanged, PayloadFile
-from exl3tool.io.workers import run_threads
+from exl3tool.tp.blocks import OWN, ROWS, Block, Piece, plan_blocks
+from exl3tool.tp.pipeline import run_pipeline
 from exl3tool.tp.slices import ByteLayout, TensorSlice
 
 CHUNK = 8 << 20  # bytes per pread / write / gather buffer (less with many consumers)
 BUFFER_BUDGET = 256 << 20  # all consumers' buffers together, whatever the TP size
-BATCH = 32 << 20  # source payload bytes per batch
-WINDOW = 4  # batches a consumer may run ahead of the slowest one
+DEPTH = 4  # pooled block buffers: the reader runs at most DEPTH - 1 blocks ahead
+COALESCE = 64 << 10  # contiguous runs shorter than this are gathered, not written alone
 WRITEBACK = 64 << 20  # output bytes between asynchronous writeback starts
 DIRECT_RUN = 256 << 10  # strided runs at least this long are read one by one (no over-read)
 
@@ -207,6 +208,7 @@ class _Stream:
 
     root: Path
     parts: list[Part]
+    items: list[tuple[int, TensorSlice]]  # (source index, slice) in write order
     algos: tuple[str, ...] = ("blake3",)  # per-part file digests, in Part field names
     hash_threads: int = 1  # threads of each blake3 hasher (cores the other consumers leave)
     chunk: int = CHUNK  # bytes of each of its buffers (chunk_size)
@@ -214,7 +216,8 @@ class _Stream:
     _left: int = 0
     _fd: int | None = None
     _hashers: list = field(default_factory=list)
-    _bufs: ChunkBuffers | None = None  # allocated on the first non-empty slice
+    _bufs: ChunkBuffers | None = None  # for the slices it reads on its own (blocks.OWN)
+    _gather: np.ndarray | None = None  # gathered rows and coalesced small runs of a block
     _written: int = 0  # bytes written to the open part
     _kicked: int = 0  # bytes of it whose writeback was started
 
@@ -248,15 +251,22 @@ class _Stream:
             start_writeback(self._fd, self._kicked, n)
             self._kicked = self._written
 
-    def _hash(self, data) -> None:
-        for h in self._hashers:
-            h.update(data)
-
     def _emit(self, data) -> None:
-        self._hash(data)
-        _write_all(self._fd, data)
-        self._written += len(data)
+        self._emit_all([memoryview(data)])
+
+    def _emit_all(self, pieces: list[memoryview]) -> None:
+        """Hash and write `pieces` (to the open part) in order: the digest is of the bytes
+        written, from the same buffers."""
+        if not pieces:
+            return
+        for h in self._hashers:
+            for v in pieces:
+                h.update(v)
+        for v in pieces:  # not one writev: 7x slower than one write per piece here (Linux 6.18, ext4)
+            _write_all(self._fd, v)
+        self._written += sum(len(v) for v in pieces)
         self._writeback()
+        pieces.clear()
 
     def start(self) -> None:
         """Open the first part (also writes header-only parts of an empty stream)."""
@@ -264,17 +274,73 @@ class _Stream:
         while self._left == 0 and self._part + 1 < len(self.parts):
             self._open_next()
 
-    def copy(self, s: TensorSlice, src: PayloadFile, payload_start: int) -> None:
-        """Append slice `s` of the source tensor whose payload starts at `payload_start`."""
+    def _begin_slice(self) -> None:
         while self._left == 0:
             self._open_next()
+
+    def copy(self, s: TensorSlice, src: PayloadFile, payload_start: int) -> None:
+        """Append slice `s` of the source tensor whose payload starts at `payload_start`,
+        read through this stream's own buffers."""
+        self._begin_slice()
         if s.layout.nbytes:
             if self._bufs is None:
                 self._bufs = ChunkBuffers(self.chunk)
-            # hashed and written from the same buffer: the digest is of the bytes written
             for chunk in slice_chunks(src, payload_start, s.layout, self._bufs):
                 self._emit(chunk)
         self._left -= 1
+
+    def take(self, pieces: Sequence[Piece], buf: np.ndarray, src: _Source) -> None:
+        """Append this stream's pieces of one block read into `buf` (blocks.plan_blocks).
+
+        Large contiguous runs are written from `buf` itself; rows and small runs are gathered
+        into one buffer first; each run of pending pieces is written at once."""
+        view = memoryview(buf)
+        pending: list[memoryview] = []
+        gather = self._gather
+        gpos = grun = 0  # gather fill; start of the gathered run that ends pending
+        joined = False  # pending ends with gather[grun:gpos]
+        for p in pieces:
+            if p.kind == OWN:
+                self._emit_all(pending)
+                gpos = grun = 0
+                joined = False
+                i, s = self.items[p.item]
+                ref = src.ckpt.tensors[src.order[i]]
+                self.copy(s, src.file(ref.file), p.offset)
+                continue
+            if p.first and self._left == 0:  # the slice opens the next part
+                self._emit_all(pending)
+                gpos = grun = 0
+                joined = False
+                self._begin_slice()
+            nb = p.run * p.count
+            if nb and (p.kind == ROWS or nb < COALESCE):
+                if gather is None:
+                    gather = self._gather = np.empty(self.chunk, dtype=np.uint8)
+                if gpos + nb > len(gather):
+                    self._emit_all(pending)
+                    gpos = grun = 0
+                    joined = False
+                dst = gather[gpos : gpos + nb]
+                if p.kind == ROWS:
+                    rows = np.lib.stride_tricks.as_strided(
+                        buf[p.offset :], shape=(p.count, p.run), strides=(p.stride, 1)
+                    )
+                    np.copyto(dst.reshape(p.count, p.run), rows)
+                else:
+                    dst[:] = buf[p.offset : p.offset + nb]
+                if joined:
+                    pending[-1] = memoryview(gather)[grun : gpos + nb]
+                else:
+                    grun, joined = gpos, True
+                    pending.append(memoryview(gather)[gpos : gpos + nb])
+                gpos += nb
+            elif nb:
+                pending.append(view[p.offset : p.offset + nb])
+                joined = False
+            if p.last:
+                self._left -= 1
+        self._emit_all(pending)
 
     def finish(self) -> None:
         while self._part + 1 < len(self.parts):  # trailing empty parts
@@ -288,37 +354,57 @@ class _Stream:
 
 
 class _SourceHasher:
-    """Digests of whole source tensors, read from the same open files as the copy (the bytes
-    come from the page cache the copy just filled: no second read from disk)."""
+    """Digests of whole source tensors, from the blocks the copy reads (no second read)."""
 
-    def __init__(self, algo: str, wanted: set[str]) -> None:
+    def __init__(self, algo: str) -> None:
         self.algo = algo
-        self.wanted = wanted
         self.digests: dict[str, str] = {}
+        self._h = None
+        self._buf: memoryview | None = None  # for tensors it reads on its own
 
-    def run(self, names: Sequence[str], src: _Source, buf: memoryview) -> None:
-        """Hash `names` (one consumer's share of a batch, through its own `buf`)."""
-        for name in names:
-            if name not in self.wanted:
+    def take(self, pieces: Sequence[Piece], buf: np.ndarray, src: _Source, chunk: int) -> None:
+        view = memoryview(buf)
+        for p in pieces:
+            name = src.order[p.item]
+            if p.kind == OWN:
+                if self._buf is None:
+                    self._buf = memoryview(bytearray(chunk))
+                f = src.file(src.ckpt.tensors[name].file)
+                h = new_hasher(self.algo)
+                for c in read_chunks(f, p.offset, p.offset + p.run, self._buf):
+                    h.update(c)
+                self.digests[name] = h.hexdigest()
                 continue
-            ref = src.ckpt.tensors[name]
-            a = ref.shard.data_start + ref.info.begin
-            h = new_hasher(self.algo)
-            for chunk in read_chunks(src.file(ref.file), a, a + ref.info.nbytes, buf):
-                h.update(chunk)
-            self.digests[name] = h.hexdigest()
+            if p.first:
+                self._h = new_hasher(self.algo)
+            self._h.update(view[p.offset : p.offset + p.run])  # type: ignore[union-attr]
+            if p.last:
+                self.digests[name] = self._h.hexdigest()  # type: ignore[union-attr]
+                self._h = None
 
 
 @dataclass
 class _Source:
-    """The source checkpoint and its open shards (by label), stamps checked at open."""
+    """The source checkpoint, its pass order and its open shards (by label), stamps checked
+    at open."""
 
     ckpt: Checkpoint
+    order: Sequence[str]
     files: SourceFiles = field(default_factory=SourceFiles)
 
     def file(self, label: str) -> PayloadFile:
         st = self.ckpt.shards[label]
         return self.files.get(st.path, st.stamp)
+
+    def read(self, blk: Block, buf: np.ndarray) -> None:
+        """Fill `buf` with the bytes of `blk`; InputChanged if the file no longer has them."""
+        if blk.nbytes:
+            f = self.file(blk.file)
+            if blk.end > f.size:
+                raise InputChanged(
+                    f"{f.path}: range [{blk.start}, {blk.end}) beyond its {f.size} bytes at open"
+                )
+            f.read_into(memoryview(buf)[: blk.nbytes], blk.start)
 
 
 @dataclass
@@ -326,57 +412,6 @@ class StreamResult:
     """What the pass took besides the files: source tensor -> digest (`source_tensors`)."""
 
     digests: dict[str, str] = field(default_factory=dict)
-
-
-def _batches(ckpt: Checkpoint, order: Sequence[str]) -> list[tuple[int, int]]:
-    """[first, last) source indices of consecutive runs of about BATCH payload bytes."""
-    batches: list[tuple[int, int]] = []
-    lo, acc = 0, 0
-    for i, name in enumerate(order):
-        acc += ckpt.tensors[name].info.nbytes
-        if acc >= BATCH:
-            batches.append((lo, i + 1))
-            lo, acc = i + 1, 0
-    if lo < len(order) or not batches:
-        batches.append((lo, len(order)))
-    return batches
-
-
-class _Window:
-    """Keeps consumers within WINDOW batches of each other; the last consumer done with a
-    batch runs its `release` (page drops, progress)."""
-
-    def __init__(self, consumers: int, release: Callable[[int], None]) -> None:
-        self._cond = threading.Condition()
-        self._consumers = consumers
-        self._done: dict[int, int] = {}
-        self._finished = -1  # every batch <= this is done by everyone
-        self._release = release
-        self.failed = False
-
-    def wait_turn(self, b: int) -> bool:
-        with self._cond:
-            while not self.failed and b - self._finished > WINDOW:
-                self._cond.wait()
-            return not self.failed
-
-    def done(self, b: int) -> None:
-        with self._cond:
-            self._done[b] = self._done.get(b, 0) + 1
-            last = self._done[b] == self._consumers
-            if last:
-                del self._done[b]
-        if last:
-            self._release(b)
-            with self._cond:
-                # batches complete in order per consumer, so the last one for b finishes b
-                self._finished = max(self._finished, b)
-                self._cond.notify_all()
-
-    def fail(self) -> None:
-        with self._cond:
-            self.failed = True
-            self._cond.notify_all()
 
 
 def write_streams(
@@ -406,54 +441,35 @@ def write_streams(
         if any(items[i][0] > items[i + 1][0] for i in range(len(items) - 1)):
             raise ValueError("stream slices are not in source order")
         flat.append(items)
-    batches = _batches(ckpt, order)
-    src = _Source(ckpt)
-    hasher = _SourceHasher(source_algo, source_tensors) if source_tensors else None
-    share = _share_cores(threads, len(streams), hasher is not None)
-    chunk = chunk_size(len(streams) + share.source_hashers)
-    writers = [_Stream(root, parts, algos, share.stream_hash_threads, chunk) for parts in streams]
-    cursors = [0] * len(writers)
-
-    def copy_batch(w: int, b: int) -> None:
-        last = batches[b][1]
-        items, writer = flat[w], writers[w]
-        i = cursors[w]
-        while i < len(items) and items[i][0] < last:
-            src_idx, s = items[i]
-            ref = ckpt.tensors[order[src_idx]]
-            writer.copy(s, src.file(ref.file), ref.shard.data_start + ref.info.begin)
-            i += 1
-        cursors[w] = i
-
-    hash_bufs = [memoryview(bytearray(chunk)) for _ in range(share.source_hashers)]
-
-    def hash_batch(j: int, b: int) -> None:
-        assert hasher is not None
-        first, last = batches[b]
-        hasher.run(order[first + j : last : share.source_hashers], src, hash_bufs[j])
-
-    def release(b: int) -> None:
-        if progress is not None:
-            first, last = batches[b]
-            progress.advance(sum(ckpt.tensors[n].info.nbytes for n in order[first:last]))
-
-    consumers: list[Callable[[int], None]] = [
-        (lambda b, w=w: copy_batch(w, b)) for w in range(len(writers))
+    share = _share_cores(threads, len(streams), bool(source_tensors))
+    size = chunk_size(len(streams) + DEPTH)
+    blocks = plan_blocks(ckpt, order, flat, source_tensors or set(), share.source_hashers, size)
+    src = _Source(ckpt, order)
+    hashers = [_SourceHasher(source_algo) for _ in range(share.source_hashers)]
+    writers = [
+        _Stream(root, parts, items, algos, share.stream_hash_threads, size)
+        for parts, items in zip(streams, flat, strict=True)
     ]
-    if hasher is not None:
-        consumers += [(lambda b, j=j: hash_batch(j, b)) for j in range(share.source_hashers)]
+    nst = len(writers)
+    takes: list[Callable[[Block, np.ndarray], None]] = [
+        lambda blk, buf, w=w, k=k: w.take(blk.pieces[k], buf, src) for k, w in enumerate(writers)
+    ]
+    takes += [
+        lambda blk, buf, h=h, k=k: h.take(blk.pieces[nst + k], buf, src, size)
+        for k, h in enumerate(hashers)
+    ]
+
+    def done(blk: Block) -> None:
+        if progress is not None and blk.done_bytes:
+            progress.advance(blk.done_bytes)
+
     try:
         for label in sorted({ckpt.tensors[n].file for n in order}):
             src.file(label)  # open (and stamp-check) every shard before the threads start
         for w in writers:
             w.start()
-        if share.cores <= 1 or len(consumers) == 1:
-            for b in range(len(batches)):
-                for c in consumers:
-                    c(b)
-                release(b)
-        else:
-            _run_consumers(consumers, len(batches), release)
+        threaded = share.cores > 1 and len(takes) > 1
+        run_pipeline(blocks, src.read, takes, size=size, depth=DEPTH, threaded=threaded, done=done)
         for w in writers:
             w.finish()
         src.files.verify_unchanged()  # the stability proof: same bytes from open to end
@@ -463,45 +479,25 @@ def write_streams(
         raise
     finally:
         src.files.close()
-    return StreamResult(hasher.digests if hasher is not None else {})
+    digests: dict[str, str] = {}
+    for h in hashers:
+        digests.update(h.digests)
+    return StreamResult(digests)
 
 
 @dataclass(frozen=True)
 class _CoreShare:
     cores: int
-    source_hashers: int  # consumers that split each batch's source tensors between them
+    source_hashers: int  # consumers that split the source tensors between them
     stream_hash_threads: int  # threads of each output stream's blake3 hashers
 
 
 def _share_cores(threads: int | None, streams: int, hash_source: bool) -> _CoreShare:
     """Spread the cores over the work: one thread per output stream; of the cores left, half
-    hash the source (each takes every n-th tensor of a batch) and half go to the streams'
+    hash the source (each takes every n-th hashed tensor) and half go to the streams'
     hashers (a multi-threaded blake3 hasher per stream). On 2 cores: one of each, no extra."""
     cores = max(1, threads or default_threads())
     spare = max(0, cores - streams)
     sources = max(1, spare // 2) if hash_source else 0
     per_stream = max(1, (spare - sources) // max(1, streams) + 1)
     return _CoreShare(cores, sources, per_stream)
-
-
-def _run_consumers(
-    consumers: Sequence[Callable[[int], None]], n_batches: int, release: Callable[[int], None]
-) -> None:
-    """One thread per consumer, each through every batch in order, within the window."""
-    window = _Window(len(consumers), release)
-    errors: list[BaseException] = []
-
-    def loop(consume: Callable[[int], None]) -> None:
-        try:
-            for b in range(n_batches):
-                if not window.wait_turn(b):
-                    return
-                consume(b)
-                window.done(b)
-        except BaseException as exc:  # re-raised in the caller's thread
-            errors.append(exc)
-            window.fail()
-
-    run_threads([functools.partial(loop, c) for c in consumers], "exl3slice")
-    if errors:
-        raise errors[0]

@@ -16,9 +16,10 @@ from exl3tool.io.views import InputChanged
 from exl3tool.tp import stream
 from exl3tool.tp.run import SliceOptions, slice_artifact
 
-# Runs `exl3tool slice` and truncates every source shard to its header right after the first
-# slice was copied. The mmap slicer (before this change) hashed the next tensor from pages that
-# had vanished and died of SIGBUS (return code -7, no report).
+# Runs `exl3tool slice` with 4 KiB blocks and truncates every source shard to its header right
+# after the first stream took its pieces of the first block: the next block read comes up short.
+# The mmap slicer (before issue 15) hashed the next tensor from pages that had vanished and died
+# of SIGBUS (return code -7, no report).
 CHILD = textwrap.dedent(
     """
     import os, sys
@@ -27,20 +28,21 @@ CHILD = textwrap.dedent(
     from exl3tool.formats.checkpoint import load_checkpoint
     from exl3tool.rules.registry import Findings
     from exl3tool.tp import stream
-    src, out = Path(sys.argv[1]), sys.argv[2]
+    src, out, threads = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     ckpt = load_checkpoint(src, Findings())
-    original = stream._Stream.copy
+    original = stream._Stream.take
     done = []
 
-    def copy_then_truncate(self, *args, **kwargs):
+    def take_then_truncate(self, *args, **kwargs):
         original(self, *args, **kwargs)
         if not done:
             done.append(1)
             for st in ckpt.shards.values():
                 os.truncate(st.path, st.data_start)
 
-    stream._Stream.copy = copy_then_truncate
-    sys.argv = ["exl3tool", "slice", str(src), "--tp", "2", "-o", out, "--threads", "1"]
+    stream._Stream.take = take_then_truncate
+    stream.chunk_size = lambda consumers: 4096
+    sys.argv = ["exl3tool", "slice", str(src), "--tp", "2", "-o", out, "--threads", threads]
     entry()
     """
 )
@@ -56,19 +58,24 @@ def _leftovers(parent: Path, out: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{out.name}"))
 
 
+@pytest.mark.parametrize("threads", ["1", "4"])
 def test_source_truncated_while_sliced_is_exit_3_in_a_child(
-    sources: dict[str, Path], tmp_path: Path
+    sources: dict[str, Path], tmp_path: Path, threads: str
 ) -> None:
+    """One thread: the next block read is short ("shrank"). Four (a reader and consumers in
+    threads): the reader may already be past the truncation point and the size check after
+    the pass names the file instead; either way exit 3 naming a shard, nothing published."""
     src = _copy_source(sources, tmp_path)
     out = tmp_path / "out"
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, str(src), str(out)],
+        [sys.executable, "-c", CHILD, str(src), str(out), threads],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert r.returncode == 3, (r.returncode, r.stderr[-2000:])
-    assert "shrank" in r.stderr and ".safetensors" in r.stderr, r.stderr[-2000:]
+    words = ("shrank",) if threads == "1" else ("shrank", "size ")
+    assert ".safetensors" in r.stderr and any(w in r.stderr for w in words), r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     assert not out.exists() and _leftovers(tmp_path, out) == []
 
@@ -79,10 +86,10 @@ def test_source_modified_in_place_while_sliced_is_input_changed(
     """Same size, other bytes (a write in place): the stability proof after the pass names it."""
     src = _copy_source(sources, tmp_path)
     shard = sorted(src.glob("*.safetensors"))[-1]
-    original = stream._Stream.copy
+    original = stream._Stream.take
     done: list[int] = []
 
-    def copy_then_modify(self, *args, **kwargs):
+    def take_then_modify(self, *args, **kwargs):
         original(self, *args, **kwargs)
         if not done:
             done.append(1)
@@ -94,7 +101,7 @@ def test_source_modified_in_place_while_sliced_is_input_changed(
             st = shard.stat()
             os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
 
-    monkeypatch.setattr(stream._Stream, "copy", copy_then_modify)
+    monkeypatch.setattr(stream._Stream, "take", take_then_modify)
     out = tmp_path / "out"
     with pytest.raises(InputChanged, match=shard.name):
         slice_artifact(src, out, SliceOptions(2, threads=1))

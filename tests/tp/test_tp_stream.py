@@ -51,17 +51,23 @@ def test_source_identity_of_a_rank_sliced_layout(sources: dict[str, Path], tmp_p
     assert sid.root(whole, threads=2) == want
 
 
-def test_threads_and_batches_do_not_change_bytes(
-    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("layout", "block"), [("per-rank", 4096), ("rank-sliced", 1 << 15)])
+def test_threads_and_blocks_do_not_change_bytes(
+    sources: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    layout: str,
+    block: int,
 ) -> None:
+    """Small blocks (tensors cut into row blocks; rows over 4 KiB read by each stream on its
+    own), two pooled buffers (many hand-offs between the threads) give the same files."""
     ref = tmp_path / "ref"
-    slice_artifact(sources["r7"], ref, SliceOptions(4, threads=1))
-    # tiny batches and window: many hand-offs between the consumer threads
-    monkeypatch.setattr(stream, "BATCH", 4096)
-    monkeypatch.setattr(stream, "WINDOW", 1)
+    slice_artifact(sources["r7"], ref, SliceOptions(4, threads=1, layout=layout))
+    monkeypatch.setattr(stream, "chunk_size", lambda consumers: block)
+    monkeypatch.setattr(stream, "DEPTH", 2)
     monkeypatch.setattr(stream, "WRITEBACK", 8192)
     out = tmp_path / "mt"
-    slice_artifact(sources["r7"], out, SliceOptions(4, threads=4, verify=True))
+    slice_artifact(sources["r7"], out, SliceOptions(4, threads=4, verify=True, layout=layout))
     assert _files(out) == _files(ref)
     a, b = (json.loads((d / "exl3tool-slices.json").read_text()) for d in (ref, out))
     assert a["files"] == b["files"] and a["source"]["identity"] == b["source"]["identity"]
@@ -75,7 +81,7 @@ def test_many_cores_split_the_hashing_without_changing_a_digest(
     import blake3
 
     assert stream._share_cores(16, 2, True) == stream._CoreShare(16, 7, 4)
-    monkeypatch.setattr(stream, "BATCH", 1 << 16)  # several batches, each split 7 ways
+    monkeypatch.setattr(stream, "chunk_size", lambda consumers: 1 << 16)  # several blocks
     ref, out = tmp_path / "ref", tmp_path / "mt"
     slice_artifact(sources["r7"], ref, SliceOptions(2, threads=1))
     slice_artifact(sources["r7"], out, SliceOptions(2, threads=16))

@@ -1,0 +1,181 @@
+"""The slicer's read plan: which source bytes are read in which block, and what each consumer
+(output stream or source hasher) takes from each block. Pure: headers only, no I/O.
+
+The source is read once, in source order, in blocks of at most `size` bytes of one file:
+consecutive tensors share a block, a larger tensor is cut into blocks of whole rows. Every
+consumer then takes its pieces from the same block buffer (issue 17: at TP N each row block was
+read N times, once per rank stream). A stream holding several slices of one tensor that spans
+several blocks (the rank-sliced layout writes them one after the other) reads those slices on
+its own (`OWN`), as does every consumer of a tensor whose rows do not fit a block.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.tp.slices import TensorSlice
+
+CONTIG, ROWS, OWN = 0, 1, 2  # Piece.kind
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Bytes a consumer takes from a block, in its write order.
+
+    CONTIG: `run` bytes at `offset` of the block. ROWS: `count` runs of `run` bytes, `stride`
+    apart, the first at `offset` (gathered). OWN: the whole slice or tensor, read by the
+    consumer itself (`offset` is its payload start in the file). `item`: a stream's index in
+    its flat slice list, a hasher's index in the source order. `first` / `last`: the piece
+    opens / completes that slice or tensor."""
+
+    kind: int
+    offset: int
+    run: int
+    count: int
+    stride: int
+    item: int
+    first: bool
+    last: bool
+
+
+@dataclass
+class Block:
+    """Bytes [start, end) of the shard `file` (empty: nothing to read), each consumer's pieces
+    of it, and the source payload bytes finished with it (progress)."""
+
+    file: str
+    start: int
+    end: int
+    pieces: list[list[Piece]]
+    done_bytes: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class _Planner:
+    size: int
+    consumers: int
+    blocks: list[Block] = field(default_factory=list)
+
+    def current(self, file: str, start: int) -> Block:
+        """The block to attach pieces that read nothing (a new empty one if there is none)."""
+        if not self.blocks:
+            self.blocks.append(Block(file, start, start, [[] for _ in range(self.consumers)]))
+        return self.blocks[-1]
+
+    def place(self, file: str, start: int, nbytes: int, *, alone: bool) -> Block:
+        """The block that reads [start, start + nbytes) of `file`: the current one extended
+        when the bytes follow it and fit, else a new one (always new with `alone`)."""
+        cur = self.blocks[-1] if self.blocks else None
+        if cur is not None and cur.nbytes == 0:  # only pieces that read nothing so far
+            cur.file, cur.start, cur.end = file, start, start + nbytes
+            return cur
+        if (
+            not alone
+            and cur is not None
+            and cur.file == file
+            and cur.end == start
+            and cur.nbytes + nbytes <= self.size
+        ):
+            cur.end += nbytes
+            return cur
+        blk = Block(file, start, start + nbytes, [[] for _ in range(self.consumers)])
+        self.blocks.append(blk)
+        return blk
+
+
+def _slice_pieces(s: TensorSlice, item: int, p0: int, p1: int, off: int) -> list[Piece]:
+    """The pieces of slice `s` within payload bytes [p0, p1) read at block offset `off`
+    (p0 and p1 are whole rows of a strided slice)."""
+    lay = s.layout
+    if lay.nbytes == 0:
+        return [Piece(CONTIG, off, 0, 0, 0, item, True, True)] if p0 == 0 else []
+    if lay.contiguous:
+        o, n = lay.offset, lay.nbytes
+        a, b = max(o, p0), min(o + n, p1)
+        if a >= b:
+            return []
+        return [Piece(CONTIG, off + a - p0, b - a, 1, b - a, item, a == o, b == o + n)]
+    r0, r1 = p0 // lay.stride, min(lay.count, -(-p1 // lay.stride))
+    if r0 >= r1:
+        return []
+    at = off + r0 * lay.stride - p0 + lay.offset
+    return [Piece(ROWS, at, lay.run, r1 - r0, lay.stride, item, r0 == 0, r1 == lay.count)]
+
+
+def plan_blocks(
+    ckpt: Checkpoint,
+    order: Sequence[str],
+    flat: Sequence[Sequence[tuple[int, TensorSlice]]],
+    hashed: set[str],
+    hashers: int,
+    size: int,
+) -> list[Block]:
+    """Blocks of at most `size` bytes over the source tensors in `order`.
+
+    `flat[w]`: stream w's (source index, slice) in write order (source order). Consumers are
+    the streams, then `hashers` source hashers; a tensor of `hashed` goes to hasher k % hashers
+    for the k-th such tensor. Tensors no consumer needs are not read.
+    """
+    nst = len(flat)
+    plan = _Planner(size, nst + hashers)
+    by_src: list[dict[int, list[int]]] = []
+    for items in flat:
+        d: dict[int, list[int]] = {}
+        for j, (i, _s) in enumerate(items):
+            d.setdefault(i, []).append(j)
+        by_src.append(d)
+    k = 0
+    for i, name in enumerate(order):
+        ref = ckpt.tensors[name]
+        n = ref.info.nbytes
+        base = ref.shard.data_start + ref.info.begin
+        users = [(w, d[i]) for w, d in enumerate(by_src) if i in d]
+        h = None
+        if hashers and name in hashed:
+            h, k = nst + k % hashers, k + 1
+        if not users and h is None:
+            continue
+        whole = n <= size
+        shared = [(w, js) for w, js in users if whole or len(js) == 1]
+        own = [(w, js) for w, js in users if not (whole or len(js) == 1)]
+        strides = {
+            lay.stride
+            for w, js in shared
+            for j in js
+            if not (lay := flat[w][j][1].layout).contiguous and lay.nbytes
+        }
+        unit = math.lcm(*strides) if strides else 1
+        own_hash = False
+        if not whole and unit > size:  # rows that do not fit a block: every consumer reads
+            own, shared, own_hash = own + shared, [], h is not None
+        if n == 0 or not (shared or (h is not None and not own_hash)):
+            spans: list[tuple[int, int]] = [(0, 0)]
+            blocks = [plan.current(ref.file, base)]
+        elif whole:
+            spans = [(0, n)]
+            blocks = [plan.place(ref.file, base, n, alone=False)]
+        else:
+            step = size // unit * unit
+            spans = [(p, min(p + step, n)) for p in range(0, n, step)]
+            blocks = [plan.place(ref.file, base + a, b - a, alone=True) for a, b in spans]
+        first = blocks[0]
+        for w, js in own:
+            first.pieces[w] += [Piece(OWN, base, 0, 0, 0, j, True, True) for j in js]
+        if own_hash:
+            first.pieces[h] += [Piece(OWN, base, n, 0, 0, i, True, True)]  # type: ignore[index]
+        for (p0, p1), blk in zip(spans, blocks, strict=True):
+            off = base + p0 - blk.start
+            for w, js in shared:
+                for j in js:
+                    blk.pieces[w] += _slice_pieces(flat[w][j][1], j, p0, p1, off)
+            if h is not None and not own_hash:
+                blk.pieces[h].append(Piece(CONTIG, off, p1 - p0, 1, p1 - p0, i, p0 == 0, p1 == n))
+        blocks[-1].done_bytes += n
+    return plan.blocks
