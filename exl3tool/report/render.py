@@ -6,7 +6,6 @@ import json
 import sys
 from pathlib import Path
 
-from exl3tool.io.atomic import write_bytes_atomic
 from exl3tool.report.model import Report
 from exl3tool.rules.errors import UsageError
 
@@ -44,6 +43,8 @@ def write_output(output: Path | None, text: str, *, force: bool = False) -> None
     if output is None:
         sys.stdout.write(text)
         return
+    from exl3tool.io.atomic import write_bytes_atomic  # tempfile and shutil: only for -o
+
     write_bytes_atomic(Path(output), text.encode(), force=force)
 
 
