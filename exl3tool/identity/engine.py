@@ -46,7 +46,9 @@ DROP_EVERY = 32 << 20  # bytes a worker hashes between progress updates
 # A leased file is hashed from mappings of at most MAP_WINDOW bytes (the lease is checked
 # before each); its small tensors are batched MAP_BATCH bytes at a time.
 MAP_WINDOW = 8 << 20
-MAP_BATCH = 4 << 20
+MAP_BATCH = 8 << 20
+MAP_SMALL = MAP_BATCH // 2  # blake3 jobs up to this size are batched (mapping per job: 2-core
+# VM, 786 KB tensors, the munmaps serialised both threads' page faults: 1 thread as fast as 2)
 # Hashes read from mappings where a lease allows: blake3 hashes faster than pread copies, so
 # the copy costs more than the mapping's page faults; sha256 (~1.3 GB/s a core) is faster
 # from a pread buffer in L2 than from a mapping (1.30 vs 1.07 GB/s on the 2-core VM).
@@ -187,9 +189,9 @@ def _constructor(algo: str) -> Any:
     return blake3.blake3
 
 
-# A small job is one int in its file's list, (start << 52) | (bytes << 32) | job: sorting the
+# A small job is one int in its file's list, (start << 56) | (bytes << 32) | job: sorting the
 # ints sorts by file offset, and 10^6 of them cost 50 MB, not the 150 MB of 3-tuples.
-_JOB_BITS, _SIZE_SHIFT, _START_SHIFT = 32, 32, 52
+_JOB_BITS, _SIZE_SHIFT, _START_SHIFT = 32, 32, 56
 
 
 class _Batch(NamedTuple):
@@ -208,13 +210,25 @@ class _Job(NamedTuple):
     threads: int
 
 
-def _batches(small: dict[Path, list[int]], files: dict[Path, _File]) -> list[_Batch]:
+def _batches(
+    small: dict[Path, list[int]], files: dict[Path, _File], large: dict[int, tuple[Segment, ...]]
+) -> tuple[list[_Job], list[_Batch]]:
     """Runs of consecutive small jobs whose hull fits one READ buffer (MAP_BATCH bytes of a
-    leased file), in file order."""
+    leased file), in file order. A job of a file read with pread that is larger than SMALL
+    (blake3 batches up to MAP_SMALL) becomes a job of its own, its segment put in `large`."""
+    jobs: list[_Job] = []
     out: list[_Batch] = []
     mask = (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1
+    job_mask = (1 << _JOB_BITS) - 1
     for path, packed in small.items():
-        hull = MAP_BATCH if type(files[path]) is _Leased else READ
+        leased = type(files[path]) is _Leased
+        hull = MAP_BATCH if leased else READ
+        if not leased and (split := [k for k in packed if (k >> _SIZE_SHIFT) & mask > SMALL]):
+            for k in split:
+                start = k >> _START_SHIFT
+                large[k & job_mask] = (Segment(path, start, start + ((k >> _SIZE_SHIFT) & mask)),)
+                jobs.append(_Job(k & job_mask, 1))
+            packed = [k for k in packed if (k >> _SIZE_SHIFT) & mask <= SMALL]
         packed.sort()  # file order
         first, lo, hi = 0, 0, 0
         for j, k in enumerate(packed):
@@ -228,14 +242,14 @@ def _batches(small: dict[Path, list[int]], files: dict[Path, _File]) -> list[_Ba
             hi = max(hi, end)
         if packed:
             out.append(_Batch(path, lo, hi, packed[first:]))
-    return out
+    return jobs, out
 
 
 class _Plan(NamedTuple):
     keys: list[Any]
     large: dict[int, tuple[Segment, ...]]  # the segments of jobs not read in batches
     units: list[_Job | _Batch]  # large jobs (largest first); `_batches(small)` go after them
-    small: dict[Path, list[int]]  # packed small jobs of each file
+    small: dict[Path, list[int]]  # packed small jobs of each file (blake3: up to MAP_SMALL)
     paths: list[Path]
 
 
@@ -247,7 +261,8 @@ def _plan(jobs: Iterable[tuple[Any, Sequence[Segment]]], algo: str, threads: int
     large: dict[int, tuple[Segment, ...]] = {}
     sizes: list[tuple[int, int]] = []  # (bytes, job) of large jobs
     total = 0
-    small_max = min(SMALL, (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1)
+    small_max = MAP_SMALL if algo in MAPPED else SMALL
+    small_max = min(small_max, (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1)
     last: Path | None = None
     packed: list[int] = []
     for i, (key, segs) in enumerate(jobs):
@@ -458,7 +473,8 @@ def hash_segments(
     try:
         if algo in MAPPED:
             _lease_all(files)
-        units += plan.units + _batches(plan.small, files)
+        alone, batches = _batches(plan.small, files, plan.large)
+        units += plan.units + alone + batches
         run_threads([worker] * max(1, min(threads, len(units))), "exl3hash")
         if errors:
             raise errors[0]

@@ -80,14 +80,14 @@ class LogicalTensor:
     def segments(self) -> tuple[Segment, ...]:
         if self._segments is None:
             ref = self._sources
-            assert not isinstance(ref, tuple)
+            assert isinstance(ref, TensorRef)
             return (tensor_segment(ref.shard, ref.info),)
         return self._segments
 
     @property
     def sources(self) -> tuple[TensorRef, ...]:
         src = self._sources
-        return src if isinstance(src, tuple) else (src,)
+        return (src,) if isinstance(src, TensorRef) else src
 
     @property
     def nbytes(self) -> int:

@@ -52,9 +52,13 @@ def test_mapped_windows_hash_like_reference(
     tmp_path: Path, algo: str, threads: int, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Tiny windows and batches: a job spans many mappings, windows of interleaved files are
-    remapped in any order, batches never cross their hull."""
+    remapped in any order, batches never cross their hull; read with pread, a blake3 job too
+    large for a READ batch is hashed alone."""
+    monkeypatch.setattr(engine, "READ", 6000)
+    monkeypatch.setattr(engine, "SMALL", 3000)
     monkeypatch.setattr(engine, "MAP_WINDOW", 8192)
     monkeypatch.setattr(engine, "MAP_BATCH", 5000)
+    monkeypatch.setattr(engine, "MAP_SMALL", 2500)
     monkeypatch.setattr(engine, "MT_READ", 12288)
     monkeypatch.setattr(engine, "MT_MIN", 30_000)
     rng = np.random.default_rng(3)
@@ -130,7 +134,7 @@ from pathlib import Path
 from exl3tool.identity import engine
 from exl3tool.io.views import InputChanged
 engine.DROP_EVERY = engine.MAP_WINDOW = engine.MAP_BATCH = engine.READ = 1 << 16
-engine.SMALL = 1 << 15
+engine.SMALL = engine.MAP_SMALL = 1 << 15
 path, what, api = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 ino = os.stat(path).st_ino
 other = []
