@@ -99,7 +99,7 @@ def _facts(ckpt: Checkpoint) -> dict:
     return {
         "shards": len(ckpt.shards),
         "tensors": len(ckpt.tensors),
-        "bytes": sum(r.info.nbytes for r in ckpt.tensors.values()),
+        "bytes": ckpt.payload_bytes(),
     }
 
 
