@@ -55,8 +55,8 @@ def plain_width(stream: TextIO | None) -> int | None:
         except (AttributeError, ValueError, OSError):
             pass
     columns = env.get("COLUMNS")
-    if columns is not None and columns.isdigit():
-        width = int(columns)
+    if columns is not None and columns.isdigit():  # taken as is: rich prints nothing at 0
+        return int(columns) or None
     return width or 80
 
 

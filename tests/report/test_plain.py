@@ -90,6 +90,10 @@ def test_plain_width_follows_rich_console(monkeypatch: pytest.MonkeyPatch) -> No
     stream = io.StringIO()
     monkeypatch.setenv("COLUMNS", "123")
     assert plain.plain_width(stream) == 123 == Console(file=stream).width
+    monkeypatch.setenv("COLUMNS", "x")
+    assert plain.plain_width(stream) == Console(file=stream).width
+    monkeypatch.setenv("COLUMNS", "0")  # rich prints nothing at all then
+    assert plain.plain_width(stream) is None and Console(file=stream).width == 0
     monkeypatch.setenv("FORCE_COLOR", "1")
     assert plain.plain_width(stream) is None
     monkeypatch.delenv("FORCE_COLOR")
