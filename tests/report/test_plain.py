@@ -103,3 +103,10 @@ def test_plain_width_follows_rich_console(monkeypatch: pytest.MonkeyPatch) -> No
             return True
 
     assert plain.plain_width(Tty()) is None
+
+
+def test_counts_wider_than_their_header_are_right_justified_under_it() -> None:
+    errors = Findings([Findings().add(all_rules()[0], "x")] * 1_234_567)
+    lines = plain._table(Report([ArtifactRef("m", "exl3")], errors), 100)
+    assert lines[2] == "┃ artifact ┃ kind ┃  errors ┃ warnings ┃ infos ┃"  # as rich prints it
+    assert lines[4] == "│ m        │ exl3 │ 1234567 │        0 │     0 │"
