@@ -30,6 +30,7 @@ REFUSED_BY = {
 }
 PLAIN_FIELDS = frozenset(("trellis", "suh", "svh", "su", "sv", "mcg", "mul1"))
 RANKED_FIELDS = frozenset(("trellis", "suh", "svh", "mcg", "mul1"))  # the rank-sliced regex
+_ACCEPTED = tuple(f".{f}" for f in sorted(RANKED_FIELDS))  # RANKED_FIELDS is within PLAIN_FIELDS
 MAX_NAMED = 20  # expert-namespace findings named one by one; the rest are counted
 
 
@@ -89,18 +90,18 @@ def _claimed_layers(ckpt: Checkpoint, names: ExpertPrefixes) -> set[int]:
 def check_expert_namespace(ckpt: Checkpoint, findings: Findings) -> None:
     """The model's load_weights expert mapping: every name under an expert projection must be an
     EXL3 component the loader has a parameter for."""
-    names = ExpertPrefixes()  # one parse per projection, not per tensor
-    claimed = _claimed_layers(ckpt, names)
+    # A name ending in a component both mappings accept is never refused: only the others are
+    # parsed (one parse per projection prefix), and the claimed layers only if one parses.
+    suspects = [
+        name for name in ckpt.tensors if not name.endswith(_ACCEPTED) and ".mlp.experts." in name
+    ]
+    names = ExpertPrefixes()
+    parsed = [(name, en) for name in suspects if (en := names.parse(name)) is not None]
+    claimed = _claimed_layers(ckpt, names) if parsed else set()
     bad: list[tuple[str, str]] = []
-    for name, ref in ckpt.tensors.items():
-        if ".mlp.experts." not in name:
-            continue
-        en = names.parse(name)
-        if en is None or en[0] not in claimed:
-            continue
-        allowed = PLAIN_FIELDS if en[1] is None else RANKED_FIELDS
-        if en[2] not in allowed:
-            bad.append((name, ref.file))
+    for name, (layer, rank, field) in parsed:
+        if layer in claimed and field not in (PLAIN_FIELDS if rank is None else RANKED_FIELDS):
+            bad.append((name, ckpt.tensors[name].file))
     for name, file in bad[:MAX_NAMED]:
         findings.add(
             ck.CK_EXPERT_FIELD,

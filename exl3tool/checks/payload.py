@@ -16,6 +16,7 @@ from typing import Any
 from exl3tool.formats.checkpoint import TensorRef
 from exl3tool.io.safetensors import SafetensorsFile
 from exl3tool.io.views import TensorReader
+from exl3tool.io.workers import map_threads
 from exl3tool.rules.registry import Findings
 
 # Total vector bytes from which the scan uses numpy (its import costs what Python integers
@@ -110,22 +111,30 @@ def run_deferred(
     marked = _by_shard(markers._items if markers is not None else [])
     scanned = _by_shard(finite._items)
     use_numpy = finite.nbytes() >= NUMPY_MIN_BYTES
-    wrong: dict[Path, list[tuple[TensorRef, int, int]]] = {}
-    failed: dict[Path, list[TensorRef]] = {}
-    for path in {**marked, **scanned}:
+
+    def check(path: Path) -> tuple[list[tuple[TensorRef, int, int]], list[TensorRef]]:
         m_items, f_items = marked.get(path, []), scanned.get(path, [])
         items = m_items + f_items
         spans = [(r.info.begin, r.info.end) for r, _ in items]
         data, pos = reader.gather(items[0][0].shard, spans)
         unpack = _I32.unpack_from
-        wrong[path] = [
+        wrong = [
             (ref, got, want)
             for (ref, want), p in zip(m_items, pos, strict=False)
             if (got := unpack(data, p)[0]) != want
         ]
-        if f_items:
-            placed = list(zip((r for r, _ in f_items), pos[len(m_items) :], strict=True))
-            failed[path] = (_scan_numpy if use_numpy else _scan_ints)(data, placed)
+        if not f_items:
+            return wrong, []
+        placed = list(zip((r for r, _ in f_items), pos[len(m_items) :], strict=True))
+        return wrong, (_scan_numpy if use_numpy else _scan_ints)(data, placed)
+
+    paths = list({**marked, **scanned})
+    # two threads: one's preads (GIL released) overlap the other's Python; findings stay in order
+    results = dict(
+        zip(paths, map_threads(check, paths, min(2, len(paths)), "payload"), strict=True)
+    )
+    wrong = {p: r[0] for p, r in results.items()}
+    failed = {p: r[1] for p, r in results.items()}
     for path in marked:
         for args in wrong[path]:
             bad_marker(*args)
