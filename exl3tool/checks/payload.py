@@ -16,7 +16,6 @@ from typing import Any
 from exl3tool.formats.checkpoint import TensorRef
 from exl3tool.io.safetensors import SafetensorsFile
 from exl3tool.io.views import TensorReader
-from exl3tool.io.workers import map_threads
 from exl3tool.rules.registry import Findings
 
 # Total vector bytes from which the scan uses numpy (its import costs what Python integers
@@ -128,11 +127,7 @@ def run_deferred(
         placed = list(zip((r for r, _ in f_items), pos[len(m_items) :], strict=True))
         return wrong, (_scan_numpy if use_numpy else _scan_ints)(data, placed)
 
-    paths = list({**marked, **scanned})
-    # two threads: one's preads (GIL released) overlap the other's Python; findings stay in order
-    results = dict(
-        zip(paths, map_threads(check, paths, min(2, len(paths)), "payload"), strict=True)
-    )
+    results = {path: check(path) for path in {**marked, **scanned}}
     wrong = {p: r[0] for p, r in results.items()}
     failed = {p: r[1] for p, r in results.items()}
     for path in marked:
