@@ -62,38 +62,85 @@ def _index(s: str) -> int | None:
 
 
 def expert_table(tensors: dict[str, TensorRef]) -> ExpertTable:
-    """Index every `model.layers.L.mlp.experts.…` tensor: one split per name (the hot path of a
-    GLM-5.2 checkpoint, 176,000 names)."""
+    """Index every `model.layers.L.mlp.experts.…` tensor (the hot path of a GLM-5.2 checkpoint,
+    176,000 names): a name is split once per `{prefix}` before its last dot, which a
+    projection's trellis, markers and vectors share; its field is then only a key."""
     table = ExpertTable()
-    plain, ranked, vectors, other = table.plain, table.ranked, table.layer_vectors, table.other
+    where: dict[str, Any] = {}  # prefix -> the entry dict, ("vector", layer, head), or None
+    other = table.other
     for name, ref in tensors.items():
         if ".mlp.experts." not in name:
             continue
-        p = name.split(".")
-        layer = _index(p[2]) if len(p) >= 6 else None
-        if p[0] != "model" or p[1] != "layers" or p[3:5] != ["mlp", "experts"] or layer is None:
+        prefix, _, field = name.rpartition(".")
+        hit = where.get(prefix, _UNSEEN)
+        if hit is _UNSEEN:
+            hit = where[prefix] = _place(table, prefix)
+        if type(hit) is dict:
+            hit[field] = ref
+        elif hit is None:
             other[name] = ref
-            continue
-        who = p[5]
-        if who in ("r7_shared", "shared_h"):
-            if len(p) > 6:
-                vectors[(layer, ".".join(p[5:]))] = ref
-            else:
-                other[name] = ref
-            continue
-        expert = _index(who)
-        if expert is None or len(p) not in (8, 9) or p[6] not in _PROJ:
-            other[name] = ref
-            continue
-        if len(p) == 8:
-            entry = plain.get((layer, expert, p[6]))
-            if entry is None:
-                entry = plain[(layer, expert, p[6])] = {}
-            entry[p[7]] = ref
-            continue
-        rank = _index(p[7][4:]) if p[7].startswith("rank") else None
-        if rank is None:
-            other[name] = ref
-            continue
-        ranked.setdefault((layer, expert, p[6], rank), {})[p[8]] = ref
+        elif hit[0] == "vector":
+            table.layer_vectors[(hit[1], hit[2] + field)] = ref
+        else:  # a prefix of fewer than 6 segments: its field takes part in the parse
+            _add(table, name, ref)
     return table
+
+
+_UNSEEN = object()
+
+
+def _place(table: ExpertTable, prefix: str) -> Any:
+    """Where every name `{prefix}.{field}` goes, as `_add` would place it."""
+    p = prefix.split(".")
+    if len(p) < 6:
+        return ("name",)
+    layer = _index(p[2])
+    if p[0] != "model" or p[1] != "layers" or p[3:5] != ["mlp", "experts"] or layer is None:
+        return None
+    who = p[5]
+    if who in ("r7_shared", "shared_h"):
+        return ("vector", layer, ".".join(p[5:]) + ".")
+    expert = _index(who)
+    if expert is None or len(p) not in (7, 8) or p[6] not in _PROJ:
+        return None
+    if len(p) == 7:
+        entry = table.plain.get((layer, expert, p[6]))
+        if entry is None:
+            entry = table.plain[(layer, expert, p[6])] = {}
+        return entry
+    rank = _index(p[7][4:]) if p[7].startswith("rank") else None
+    if rank is None:
+        return None
+    entry = table.ranked.get((layer, expert, p[6], rank))
+    if entry is None:
+        entry = table.ranked[(layer, expert, p[6], rank)] = {}
+    return entry
+
+
+def _add(table: ExpertTable, name: str, ref: TensorRef) -> None:
+    """Place one `…mlp.experts.…` name by its segments (the reference for `_place`)."""
+    plain, ranked, vectors, other = table.plain, table.ranked, table.layer_vectors, table.other
+    p = name.split(".")
+    layer = _index(p[2]) if len(p) >= 6 else None
+    if p[0] != "model" or p[1] != "layers" or p[3:5] != ["mlp", "experts"] or layer is None:
+        other[name] = ref
+        return
+    who = p[5]
+    if who in ("r7_shared", "shared_h"):
+        if len(p) > 6:
+            vectors[(layer, ".".join(p[5:]))] = ref
+        else:
+            other[name] = ref
+        return
+    expert = _index(who)
+    if expert is None or len(p) not in (8, 9) or p[6] not in _PROJ:
+        other[name] = ref
+        return
+    if len(p) == 8:
+        plain.setdefault((layer, expert, p[6]), {})[p[7]] = ref
+        return
+    rank = _index(p[7][4:]) if p[7].startswith("rank") else None
+    if rank is None:
+        other[name] = ref
+        return
+    ranked.setdefault((layer, expert, p[6], rank), {})[p[8]] = ref
