@@ -137,6 +137,8 @@ def _lone_surrogate_in(value: Any) -> bool:
 def has_lone_surrogate(text: str, value: Any) -> bool:
     """Whether a parsed value holds a lone UTF-16 surrogate ("\\ud800"): valid JSON syntax,
     but not Unicode, so strict parsers (serde_json) reject it and it cannot be re-encoded."""
+    if "\\" not in text:  # one memchr; the regex costs ~15x that on a 16 MB index
+        return False
     return bool(_SURROGATE_ESCAPE.search(text)) and _lone_surrogate_in(value)
 
 
