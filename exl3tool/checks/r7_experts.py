@@ -73,10 +73,6 @@ class Slot(NamedTuple):
     label: str
     prefix: str  # model.layers.{layer}.mlp.experts.{expert}.{proj}
 
-    @property
-    def down(self) -> bool:
-        return self.proj == "down_proj"
-
 
 def _vector_ok(ref: TensorRef, size: int) -> bool:
     return ref.info.dtype == "F16" and ref.info.shape == (size,)
@@ -257,14 +253,15 @@ def _check_expert_marker(ctx: ExpertsContext, slot: Slot, parts: dict[str, Tenso
 def _check_expert_vectors(
     ctx: ExpertsContext, slot: Slot, parts: dict[str, TensorRef], missing: list[str]
 ) -> None:
-    down = slot.down
+    down = slot.proj == "down_proj"
     own, shared = ("suh", "svh") if down else ("svh", "suh")
     ref = parts.get(own)
     if ref is None:
         missing.append(f"{slot.prefix}.{own}")
     else:
         ctx.finite.add(ref)
-        if ctx.inter is not None and not _vector_ok(ref, ctx.inter):
+        info, inter = ref.info, ctx.inter
+        if inter is not None and (info.dtype != "F16" or info.shape != (inter,)):
             ctx.findings.add(
                 r7.R7_VECTOR,
                 f"{own} is {ref.info.dtype}{list(ref.info.shape)}, expected F16 [{ctx.inter}]",

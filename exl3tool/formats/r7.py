@@ -46,7 +46,10 @@ class R7Payload:
 
     def record(self, key: tuple[int, int, str], prefix: str, trellis: TensorRef, k: int) -> None:
         self.k[key] = k
-        self.by_layer.setdefault(key[0], {})[prefix] = k
+        layer = self.by_layer.get(key[0])
+        if layer is None:
+            layer = self.by_layer[key[0]] = {}
+        layer[prefix] = k
         self.trellis[prefix] = trellis
 
     def tiers(self) -> dict[int, int]:
