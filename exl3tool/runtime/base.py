@@ -162,18 +162,19 @@ def load_base(
         for layer in layers:
             if layer not in moe_layers:
                 raise InputError(f"{path}: layer {layer} is not an MoE layer of this base")
-            held: dict[tuple[int, str], BaseLinear] = {}
+            parts: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
             for e in range(experts):
                 for proj in PROJECTIONS:
                     fields = {c: arr(spec.base_key(layer, e, proj, c)) for c in TP_FIELDS}
                     cut = slice_linear(proj, fields, first, last)
                     # the trellis stays on the decode device: a host copy of every layer's
                     # trellis would cost host RSS (3/16 of the fp16 layer at K=3) for nothing
-                    tt, tsu, tsv = (to_torch(cut[c]).to(device) for c in TP_FIELDS)
-                    held[(e, proj)] = BaseLinear(
-                        tt, tsu, tsv, Exl3Linear.decode(tt, tsu, tsv, device)
-                    )
-            model.linears[layer] = held
+                    parts[(e, proj)] = tuple(to_torch(cut[c]).to(device) for c in TP_FIELDS)
+            # the whole layer in one call: one kernel launch per projection shape on CUDA
+            lins = Exl3Linear.decode_many(list(parts.values()), device)
+            model.linears[layer] = {
+                key: BaseLinear(*parts[key], lin) for key, lin in zip(parts, lins, strict=True)
+            }
             router = ckpt.tensors.get(f"model.layers.{layer}.mlp.gate.weight")
             model.routers[layer] = (
                 router_weight(rd, router, Path(path), experts, hidden).to(device)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exl3tool.trellis.weight import effective_weight
+from exl3tool.trellis.weight import effective_weight, effective_weights
 
 CODEBOOK = "mcg"  # MSRT bases and cartridges are MCG only (docs/formats/msrt.md §4 row 10)
 
@@ -49,6 +49,15 @@ def decode_weight(
     return effective_weight(t, su, sv, CODEBOOK).contiguous()
 
 
+def decode_weights(
+    items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], device: torch.device | str
+) -> list[torch.Tensor]:
+    """W_eff of many linears [(trellis, suh, svh)], bit for bit what `decode_weight` gives each;
+    on CUDA one kernel launch per (shape, K) group (a layer's experts of one projection)."""
+    moved = [tuple(x.to(device) for x in item) for item in items]
+    return effective_weights(moved, CODEBOOK, device=device)  # type: ignore[arg-type]
+
+
 @dataclass
 class Exl3Linear:
     """One EXL3 linear held as its decoded effective weight (rotated-basis math, §5.2)."""
@@ -60,6 +69,12 @@ class Exl3Linear:
         cls, trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, device: torch.device | str
     ) -> Exl3Linear:
         return cls(decode_weight(trellis, suh, svh, device))
+
+    @classmethod
+    def decode_many(
+        cls, items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], device
+    ) -> list[Exl3Linear]:
+        return [cls(w) for w in decode_weights(items, device)]
 
     def forward32(self, x16: torch.Tensor) -> torch.Tensor:
         return gemm32(x16, self.weight)

@@ -87,6 +87,8 @@ def build_layer(
     rt.release()
     rt.tables = tables
     labels = list(tables.stages)
+    pending: list[tuple[tuple[int, str], int, str, torch.Tensor, str]] = []
+    items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     for proj in PROJECTIONS:
         inv = table_inverse_scale(tables, proj)
         # the pointer table, as the kernel reads it: a sparse entry points at a fallback tensor
@@ -94,18 +96,16 @@ def build_layer(
         names = tables.pointer_name[proj]
         for e in experts:
             suh, svh = base_rotations[(e, proj)]
-            terms: list[StageTerm] = []
             for s, label in enumerate(labels):
                 scale = inv[s, e]
                 if float(scale) == 0.0:  # sparse entry: the kernel skips this GEMM (§1.3)
                     continue
-                trellis = read_stage(proj, names[s][e])
-                lin = Exl3Linear.decode(trellis, suh, svh, device)
-                terms.append(
-                    StageTerm(
-                        s, label, scale.clone().to(device), lin, int(tables.bits[s]), names[s][e]
-                    )
-                )
-            if terms:
-                rt.terms[(e, proj)] = terms
+                items.append((read_stage(proj, names[s][e]), suh, svh))
+                pending.append(((e, proj), s, label, scale, names[s][e]))
+    # the layer's stage terms in one call: one kernel launch per (shape, K) group on CUDA
+    for (key, s, label, scale, name), lin in zip(
+        pending, Exl3Linear.decode_many(items, device), strict=True
+    ):
+        term = StageTerm(s, label, scale.clone().to(device), lin, int(tables.bits[s]), name)
+        rt.terms.setdefault(key, []).append(term)
     return rt
