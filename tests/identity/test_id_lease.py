@@ -58,7 +58,6 @@ def test_mapped_windows_hash_like_reference(
     monkeypatch.setattr(engine, "SMALL", 3000)
     monkeypatch.setattr(engine, "MAP_WINDOW", 8192)
     monkeypatch.setattr(engine, "MAP_BATCH", 5000)
-    monkeypatch.setattr(engine, "MAP_SMALL", 2500)
     monkeypatch.setattr(engine, "MT_READ", 12288)
     monkeypatch.setattr(engine, "MT_MIN", 30_000)
     rng = np.random.default_rng(3)
@@ -128,13 +127,14 @@ def test_lease_holds_a_truncate_back_until_released(tmp_path: Path) -> None:
 # The child hashes a shard; on its first progress report it starts another process that
 # truncates the shard (or opens it for writing) and waits until that process either finished
 # or is held back by the lease (/proc/locks shows it BREAKING); then every worker hashes on.
+# "batch": the same from inside one mapped batch (its 20th tensor), not between windows.
 CHILD = """
 import os, subprocess, sys, threading, time
 from pathlib import Path
 from exl3tool.identity import engine
 from exl3tool.io.views import InputChanged
 engine.DROP_EVERY = engine.MAP_WINDOW = engine.MAP_BATCH = engine.READ = 1 << 16
-engine.SMALL = engine.MAP_SMALL = 1 << 15
+engine.SMALL = 1 << 15
 path, what, api = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 ino = os.stat(path).st_ino
 other = []
@@ -164,6 +164,18 @@ class Progress:  # every worker waits here until the other process is done or he
             time.sleep(0.005)
 
 
+if api == "batch":  # one mapped batch holds the whole shard: the break comes inside it
+    import blake3
+    engine.MAP_BATCH = engine.MAP_RESIDENT = 1 << 23
+    made = []
+
+    def ctor(data):
+        made.append(1)
+        if len(made) == 20:
+            Progress().advance()
+        return blake3.blake3(data)
+
+    engine._constructor = lambda algo: ctor
 try:
     if api == "files":
         out = engine.hash_files([path], "blake3", threads=2, progress=Progress())
@@ -183,7 +195,7 @@ print("DIGESTS", len(out))
 """
 
 
-@pytest.mark.parametrize("api", ["files", "tensors"])
+@pytest.mark.parametrize("api", ["files", "tensors", "batch"])
 @pytest.mark.parametrize("what", ["truncate", "open for writing"])
 def test_change_while_hashed_is_exit_3_never_sigbus(
     tmp_path: Path, mode: str, what: str, api: str
