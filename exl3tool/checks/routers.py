@@ -37,6 +37,9 @@ _ROUTER = re.compile(
 )
 
 
+_ENDINGS = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")  # _ROUTER's, tested first
+
+
 def check_routers(
     ckpt: Checkpoint,
     layers: Iterable[int],
@@ -51,7 +54,7 @@ def check_routers(
     wanted = layers if isinstance(layers, range) else set(layers)
     found = []
     for name, ref in ckpt.tensors.items():
-        m = _ROUTER.fullmatch(name)
+        m = _ROUTER.fullmatch(name) if name.endswith(_ENDINGS) else None
         if m is not None and int(m.group(1)) in wanted:
             found.append((int(m.group(1)), m.group(2) != "weight", ref))
     for _layer, bias, ref in sorted(found, key=lambda f: (f[0], f[1])):
