@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from exl3tool.io.dtypes import BITS
 from exl3tool.rules import tp as tp_rules
@@ -35,7 +36,8 @@ class ByteLayout:
 
 @dataclass(frozen=True)
 class TensorSlice:
-    """One tensor of a rank: `source[start:stop]` on `axis` (axis None: the whole tensor)."""
+    """One tensor of a rank: `source[start:stop]` on `axis` (axis None: the whole tensor).
+    Shape, size and layout are computed once (the writer asks for them per block)."""
 
     source: str
     target_name: str
@@ -46,7 +48,7 @@ class TensorSlice:
     dtype: str
     source_shape: tuple[int, ...]
 
-    @property
+    @cached_property
     def shape(self) -> tuple[int, ...]:
         if self.axis is None:
             return self.source_shape
@@ -58,13 +60,13 @@ class TensorSlice:
     def itemsize(self) -> int:
         return BITS[self.dtype] // 8
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         if self.axis is None:
             return math.prod(self.source_shape) * BITS[self.dtype] // 8
         return math.prod(self.shape) * self.itemsize
 
-    @property
+    @cached_property
     def layout(self) -> ByteLayout:
         """Byte layout relative to the start of the source payload."""
         if self.axis is None:

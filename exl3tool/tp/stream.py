@@ -10,20 +10,18 @@ copies, hashing and write release the GIL.
 
 Source bytes are read with pread, never through a mapping (issue 15 item 1: a truncated
 mapped file kills the process with SIGBUS); resident memory is DEPTH block buffers plus a
-gather buffer per stream (CHUNK bytes each, less with many streams: `chunk_size` keeps them
+staging buffer per stream (CHUNK bytes each, less with many streams: `chunk_size` keeps them
 within BUFFER_BUDGET) whatever the source size. A shard that shrinks, changes or is replaced
-while read is `InputChanged` (exit 3, the file named). Large contiguous runs are hashed and
-written from the block buffer itself (the digest is of the bytes written); column slices and
-small runs are gathered first (one write per gathered run). Each part
-is hashed (blake3, and sha256 when asked: `identity.engine.new_hasher`) as it is written, and
-its writeback to disk is started every `WRITEBACK` bytes so that the publishing fsync finds
-little left to do.
+while read is `InputChanged` (exit 3, the file named). Each output part is written through its
+stream's stage (`tp.outfile`: contiguous runs copied, column slices gathered, O_DIRECT where the
+file system takes it) and hashed (blake3, and sha256 when asked:
+`identity.engine.new_hasher`) from the stage as it is written: the digests are of the bytes
+written.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,13 +35,14 @@ from exl3tool.io.safetensors import FileStamp
 from exl3tool.io.st_writer import TensorSpec, build_header
 from exl3tool.io.views import InputChanged, PayloadFile
 from exl3tool.tp.blocks import OWN, ROWS, Block, Piece, plan_blocks
+from exl3tool.tp.outfile import StagedFile, stage_buffer
 from exl3tool.tp.pipeline import run_pipeline
 from exl3tool.tp.slices import ByteLayout, TensorSlice
 
 CHUNK = 8 << 20  # bytes per pread / write / gather buffer (less with many consumers)
 BUFFER_BUDGET = 256 << 20  # all consumers' buffers together, whatever the TP size
 DEPTH = 4  # pooled block buffers: the reader runs at most DEPTH - 1 blocks ahead
-COALESCE = 64 << 10  # contiguous runs shorter than this are gathered, not written alone
+DIRECT = True  # output files with O_DIRECT where the file system takes it (tp/outfile.py)
 WRITEBACK = 64 << 20  # output bytes between asynchronous writeback starts
 DIRECT_RUN = 256 << 10  # strided runs at least this long are read one by one (no over-read)
 
@@ -172,13 +171,6 @@ def slice_chunks(
         yield memoryview(bufs.gather)[: k * run]
 
 
-def _write_all(fd: int, data) -> None:
-    mv = memoryview(data)
-    while len(mv):
-        n = os.write(fd, mv)
-        mv = mv[n:]
-
-
 _SYNC_FILE_RANGE_WRITE = 2
 _sync_file_range: Callable[[int, int, int, int], int] | bool | None = False
 
@@ -214,12 +206,10 @@ class _Stream:
     chunk: int = CHUNK  # bytes of each of its buffers (chunk_size)
     _part: int = -1
     _left: int = 0
-    _fd: int | None = None
+    _file: StagedFile | None = None
     _hashers: list = field(default_factory=list)
     _bufs: ChunkBuffers | None = None  # for the slices it reads on its own (blocks.OWN)
-    _gather: np.ndarray | None = None  # gathered rows and coalesced small runs of a block
-    _written: int = 0  # bytes written to the open part
-    _kicked: int = 0  # bytes of it whose writeback was started
+    _stage: np.ndarray | None = None  # every byte of the open part passes through it
 
     def _open_next(self) -> None:
         self._close_current()
@@ -227,46 +217,25 @@ class _Stream:
         part = self.parts[self._part]
         path = self.root / part.path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._written = self._kicked = 0
+        if self._stage is None:
+            self._stage = stage_buffer(self.chunk)
         self._hashers = [new_hasher(a, self.hash_threads) for a in self.algos]
+        self._file = StagedFile(
+            path, self._stage, self._hashers, start_writeback, WRITEBACK, direct=DIRECT
+        )
         header = part.header()
-        self._emit(header)
+        self._file.put(header)
         self._left = len(part.slices)
         part.size = len(header) + sum(s.nbytes for s in part.slices)
 
     def _close_current(self) -> None:
-        if self._fd is None:
+        if self._file is None:
             return
-        self._writeback(force=True)
-        os.close(self._fd)
-        self._fd = None
+        self._file.close()
+        self._file = None
         part = self.parts[self._part]
         for algo, h in zip(self.algos, self._hashers, strict=True):
             setattr(part, algo, h.hexdigest())
-
-    def _writeback(self, force: bool = False) -> None:
-        n = self._written - self._kicked
-        if self._fd is not None and n and (force or n >= WRITEBACK):
-            start_writeback(self._fd, self._kicked, n)
-            self._kicked = self._written
-
-    def _emit(self, data) -> None:
-        self._emit_all([memoryview(data)])
-
-    def _emit_all(self, pieces: list[memoryview]) -> None:
-        """Hash and write `pieces` (to the open part) in order: the digest is of the bytes
-        written, from the same buffers."""
-        if not pieces:
-            return
-        for h in self._hashers:
-            for v in pieces:
-                h.update(v)
-        for v in pieces:  # not one writev: 7x slower than one write per piece here (Linux 6.18, ext4)
-            _write_all(self._fd, v)
-        self._written += sum(len(v) for v in pieces)
-        self._writeback()
-        pieces.clear()
 
     def start(self) -> None:
         """Open the first part (also writes header-only parts of an empty stream)."""
@@ -286,61 +255,29 @@ class _Stream:
             if self._bufs is None:
                 self._bufs = ChunkBuffers(self.chunk)
             for chunk in slice_chunks(src, payload_start, s.layout, self._bufs):
-                self._emit(chunk)
+                self._file.put(chunk)  # type: ignore[union-attr]
         self._left -= 1
 
     def take(self, pieces: Sequence[Piece], buf: np.ndarray, src: _Source) -> None:
-        """Append this stream's pieces of one block read into `buf` (blocks.plan_blocks).
-
-        Large contiguous runs are written from `buf` itself; rows and small runs are gathered
-        into one buffer first; each run of pending pieces is written at once."""
+        """Append this stream's pieces of one block read into `buf` (blocks.plan_blocks):
+        contiguous runs copied, rows gathered into the stage of the open part."""
         view = memoryview(buf)
-        pending: list[memoryview] = []
-        gather = self._gather
-        gpos = grun = 0  # gather fill; start of the gathered run that ends pending
-        joined = False  # pending ends with gather[grun:gpos]
         for p in pieces:
             if p.kind == OWN:
-                self._emit_all(pending)
-                gpos = grun = 0
-                joined = False
                 i, s = self.items[p.item]
                 ref = src.ckpt.tensors[src.order[i]]
                 self.copy(s, src.file(ref.file), p.offset)
                 continue
             if p.first and self._left == 0:  # the slice opens the next part
-                self._emit_all(pending)
-                gpos = grun = 0
-                joined = False
                 self._begin_slice()
-            nb = p.run * p.count
-            if nb and (p.kind == ROWS or nb < COALESCE):
-                if gather is None:
-                    gather = self._gather = np.empty(self.chunk, dtype=np.uint8)
-                if gpos + nb > len(gather):
-                    self._emit_all(pending)
-                    gpos = grun = 0
-                    joined = False
-                dst = gather[gpos : gpos + nb]
-                if p.kind == ROWS:
-                    rows = np.lib.stride_tricks.as_strided(
-                        buf[p.offset :], shape=(p.count, p.run), strides=(p.stride, 1)
-                    )
-                    np.copyto(dst.reshape(p.count, p.run), rows)
-                else:
-                    dst[:] = buf[p.offset : p.offset + nb]
-                if joined:
-                    pending[-1] = memoryview(gather)[grun : gpos + nb]
-                else:
-                    grun, joined = gpos, True
-                    pending.append(memoryview(gather)[gpos : gpos + nb])
-                gpos += nb
-            elif nb:
-                pending.append(view[p.offset : p.offset + nb])
-                joined = False
+            out = self._file
+            assert out is not None
+            if p.kind == ROWS:
+                out.put_rows(buf, p.offset, p.run, p.count, p.stride)
+            elif p.run:
+                out.put(view[p.offset : p.offset + p.run])
             if p.last:
                 self._left -= 1
-        self._emit_all(pending)
 
     def finish(self) -> None:
         while self._part + 1 < len(self.parts):  # trailing empty parts
@@ -348,9 +285,9 @@ class _Stream:
         self._close_current()
 
     def abort(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._file is not None:
+            self._file.abort()
+            self._file = None
 
 
 class _SourceHasher:

@@ -1,0 +1,94 @@
+"""The staged output file (tp/outfile.py): the same bytes and digests with O_DIRECT, without it,
+and when the file system refuses it part-way; rows gathered across stage boundaries."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exl3tool.tp import outfile
+from exl3tool.tp.outfile import ALIGN, StagedFile, stage_buffer
+
+
+def _write(path: Path, src: np.ndarray, direct: bool, stage: int) -> tuple[str, list[int]]:
+    """Feed a header, contiguous runs and strided rows; the sha256 seen and the kicks made."""
+    h = hashlib.sha256()
+    kicks: list[int] = []
+    f = StagedFile(path, stage_buffer(stage), [h], lambda fd, a, n: kicks.append(n), 3000, direct)
+    f.put(b"header of odd length")
+    f.put(memoryview(src)[5:9000])
+    f.put_rows(src, 3, 700, 40, 1000)  # rows over several stages
+    f.put_rows(src, 11, ALIGN + 5, 3, 2 * ALIGN)  # a row longer than the stage
+    f.put(memoryview(src)[:1])
+    f.close()
+    assert f.size == path.stat().st_size
+    return h.hexdigest(), kicks
+
+
+def _want(src: np.ndarray) -> bytes:
+    rows = np.lib.stride_tricks.as_strided(src[3:], (40, 700), (1000, 1)).tobytes()
+    long = np.lib.stride_tricks.as_strided(src[11:], (3, ALIGN + 5), (2 * ALIGN, 1)).tobytes()
+    return b"header of odd length" + src[5:9000].tobytes() + rows + long + src[:1].tobytes()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("stage", [ALIGN, 3 * ALIGN, 1 << 20])
+def test_bytes_and_digest_equal_a_plain_copy(tmp_path: Path, direct: bool, stage: int) -> None:
+    src = np.random.default_rng(3).integers(0, 256, 50_000, np.uint8)
+    path = tmp_path / "o.bin"
+    digest, _ = _write(path, src, direct, stage)
+    want = _want(src)
+    assert path.read_bytes() == want and digest == hashlib.sha256(want).hexdigest()
+
+
+def test_refused_direct_write_falls_back_to_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """O_DIRECT accepted at open but a write refused (EINVAL): the same bytes, buffered, and
+    their writeback kicked; any other write error is raised."""
+    real = os.write
+    calls: list[int] = []
+
+    def refuse_first(fd: int, data) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            raise OSError(errno.EINVAL, "refused")
+        return real(fd, data)
+
+    monkeypatch.setattr(outfile, "_set_direct", lambda fd, on: True)
+    monkeypatch.setattr(outfile.os, "write", refuse_first)
+    src = np.random.default_rng(4).integers(0, 256, 50_000, np.uint8)
+    path = tmp_path / "o.bin"
+    _, kicks = _write(path, src, True, ALIGN)
+    assert path.read_bytes() == _want(src) and kicks and len(calls) > 1
+
+    def fail(fd: int, data) -> int:
+        raise OSError(errno.ENOSPC, "full")
+
+    monkeypatch.setattr(outfile.os, "write", fail)
+    f = StagedFile(tmp_path / "p.bin", stage_buffer(ALIGN), [], lambda *a: None, 1, True)
+    with pytest.raises(OSError, match="full"):
+        f.put(bytes(2 * ALIGN))
+    f.abort()
+
+
+def test_slices_equal_without_direct(
+    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exl3tool.tp import stream
+    from exl3tool.tp.run import SliceOptions, slice_artifact
+
+    slice_artifact(sources["r7"], tmp_path / "a", SliceOptions(2, sha256=True))
+    monkeypatch.setattr(stream, "DIRECT", False)
+    slice_artifact(sources["r7"], tmp_path / "b", SliceOptions(2, sha256=True))
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*"))
+    assert files and all(
+        (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+        for f in files
+        if (tmp_path / "a" / f).is_file()
+    )
