@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.tp.slices import TensorSlice
@@ -21,8 +22,7 @@ from exl3tool.tp.slices import TensorSlice
 CONTIG, ROWS, OWN = 0, 1, 2  # Piece.kind
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
+class Piece(NamedTuple):
     """Bytes a consumer takes from a block, in its write order.
 
     CONTIG: `run` bytes at `offset` of the block. ROWS: `count` runs of `run` bytes, `stride`
@@ -90,23 +90,25 @@ class _Planner:
         return blk
 
 
-def _slice_pieces(s: TensorSlice, item: int, p0: int, p1: int, off: int) -> list[Piece]:
-    """The pieces of slice `s` within payload bytes [p0, p1) read at block offset `off`
-    (p0 and p1 are whole rows of a strided slice)."""
+def _slice_piece(s: TensorSlice, item: int, p0: int, p1: int, off: int) -> Piece | None:
+    """The piece of slice `s` within payload bytes [p0, p1) read at block offset `off`
+    (p0 and p1 are whole rows of a strided slice), or None."""
     lay = s.layout
-    if lay.nbytes == 0:
-        return [Piece(CONTIG, off, 0, 0, 0, item, True, True)] if p0 == 0 else []
-    if lay.contiguous:
-        o, n = lay.offset, lay.nbytes
+    n = lay.run * lay.count
+    if n == 0:
+        return Piece(CONTIG, off, 0, 0, 0, item, True, True) if p0 == 0 else None
+    if lay.count <= 1 or lay.run == lay.stride:
+        o = lay.offset
         a, b = max(o, p0), min(o + n, p1)
         if a >= b:
-            return []
-        return [Piece(CONTIG, off + a - p0, b - a, 1, b - a, item, a == o, b == o + n)]
-    r0, r1 = p0 // lay.stride, min(lay.count, -(-p1 // lay.stride))
+            return None
+        return Piece(CONTIG, off + a - p0, b - a, 1, b - a, item, a == o, b == o + n)
+    stride = lay.stride
+    r0, r1 = p0 // stride, min(lay.count, -(-p1 // stride))
     if r0 >= r1:
-        return []
-    at = off + r0 * lay.stride - p0 + lay.offset
-    return [Piece(ROWS, at, lay.run, r1 - r0, lay.stride, item, r0 == 0, r1 == lay.count)]
+        return None
+    at = off + r0 * stride - p0 + lay.offset
+    return Piece(ROWS, at, lay.run, r1 - r0, stride, item, r0 == 0, r1 == lay.count)
 
 
 def plan_blocks(
@@ -145,16 +147,18 @@ def plan_blocks(
         whole = n <= size
         shared = [(w, js) for w, js in users if whole or len(js) == 1]
         own = [(w, js) for w, js in users if not (whole or len(js) == 1)]
-        strides = {
-            lay.stride
-            for w, js in shared
-            for j in js
-            if not (lay := flat[w][j][1].layout).contiguous and lay.nbytes
-        }
-        unit = math.lcm(*strides) if strides else 1
         own_hash = False
-        if not whole and unit > size:  # rows that do not fit a block: every consumer reads
-            own, shared, own_hash = own + shared, [], h is not None
+        unit = 1
+        if not whole:
+            strides = {
+                lay.stride
+                for w, js in shared
+                for j in js
+                if not (lay := flat[w][j][1].layout).contiguous and lay.nbytes
+            }
+            unit = math.lcm(*strides) if strides else 1
+            if unit > size:  # rows that do not fit a block: every consumer reads its own
+                own, shared, own_hash = own + shared, [], h is not None
         if n == 0 or not (shared or (h is not None and not own_hash)):
             spans: list[tuple[int, int]] = [(0, 0)]
             blocks = [plan.current(ref.file, base)]
@@ -173,8 +177,11 @@ def plan_blocks(
         for (p0, p1), blk in zip(spans, blocks, strict=True):
             off = base + p0 - blk.start
             for w, js in shared:
+                mine = blk.pieces[w]
                 for j in js:
-                    blk.pieces[w] += _slice_pieces(flat[w][j][1], j, p0, p1, off)
+                    piece = _slice_piece(flat[w][j][1], j, p0, p1, off)
+                    if piece is not None:
+                        mine.append(piece)
             if h is not None and not own_hash:
                 blk.pieces[h].append(Piece(CONTIG, off, p1 - p0, 1, p1 - p0, i, p0 == 0, p1 == n))
         blocks[-1].done_bytes += n
