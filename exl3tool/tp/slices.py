@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from typing import Any, Generic, TypeVar
 
 from exl3tool.io.dtypes import BITS
 from exl3tool.rules import tp as tp_rules
@@ -13,6 +14,25 @@ from exl3tool.rules.registry import Findings
 
 MODES = ("tensor", "expert")
 LAYOUTS = ("per-rank", "rank-sliced")
+
+
+T = TypeVar("T")
+
+
+class _once(Generic[T]):
+    """`functools.cached_property` without its lock (taken on every first access before
+    Python 3.12; 10^5 slices pay for it): the value is stored in the instance's __dict__,
+    which then shadows this descriptor."""
+
+    def __init__(self, fn: Callable[[Any], T]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+
+    def __get__(self, obj: Any, owner: Any = None) -> T:
+        if obj is None:
+            return self  # type: ignore[return-value]
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 @dataclass(frozen=True)
@@ -48,7 +68,7 @@ class TensorSlice:
     dtype: str
     source_shape: tuple[int, ...]
 
-    @cached_property
+    @_once
     def shape(self) -> tuple[int, ...]:
         if self.axis is None:
             return self.source_shape
@@ -60,13 +80,13 @@ class TensorSlice:
     def itemsize(self) -> int:
         return BITS[self.dtype] // 8
 
-    @cached_property
+    @_once
     def nbytes(self) -> int:
         if self.axis is None:
             return math.prod(self.source_shape) * BITS[self.dtype] // 8
         return math.prod(self.shape) * self.itemsize
 
-    @cached_property
+    @_once
     def layout(self) -> ByteLayout:
         """Byte layout relative to the start of the source payload."""
         if self.axis is None:
