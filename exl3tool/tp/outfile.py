@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import os
 from collections.abc import Callable
 
@@ -32,7 +31,9 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 def stage_buffer(size: int) -> np.ndarray:
     """A page-aligned buffer of `size` rounded down to whole ALIGN blocks (at least one)."""
     n = max(ALIGN, size // ALIGN * ALIGN)
-    return np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8)
+    raw = np.empty(n + ALIGN, dtype=np.uint8)
+    skip = -raw.ctypes.data % ALIGN
+    return raw[skip : skip + n]
 
 
 def _set_direct(fd: int, on: bool) -> bool:
