@@ -25,6 +25,9 @@ except ImportError:  # not POSIX: never O_DIRECT
     fcntl = None  # type: ignore[assignment]
 
 ALIGN = 4096  # O_DIRECT offset, length and address granularity (and a page)
+# bytes per write through the page cache: 8 MiB writes measured 5-7x the CPU of 256 KiB ones
+# on the 2-core VM (Linux 6.18, ext4; 20 vs 3.6 CPU-s for a 2 GB TP 2 slice)
+BUFFERED_WRITE = 256 << 10
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
@@ -112,7 +115,7 @@ class StagedFile:
         assert fd is not None
         while len(data):
             try:
-                n = os.write(fd, data)
+                n = os.write(fd, data if self._direct else data[:BUFFERED_WRITE])
             except OSError as exc:  # O_DIRECT refused after all: through the page cache
                 if not (self._direct and exc.errno == errno.EINVAL):
                     raise
