@@ -274,31 +274,6 @@ def bench_cuda_experts(repeat: int, experts: int) -> None:
                 )
                 del ts, refs, mine, weights
                 torch.cuda.empty_cache()
-    _weight_variants(repeat)
-
-
-def _weight_variants(repeat: int) -> None:
-    """The W_eff kernel's two variants on one expert, bit for bit and timed (which one runs by
-    default is decided by `dot_ok` on the device)."""
-    import os
-
-    from exl3tool.trellis import _triton_group
-    from exl3tool.trellis.hadamard import hadamard_matrix
-
-    k, n = EXPERT_SHAPES[0]
-    g = torch.Generator().manual_seed(99)
-    t = torch.randint(-32768, 32768, (k // 16, n // 16, 64), dtype=torch.int16, generator=g).cuda()
-    su, sv = torch.randn(k, generator=g).half().cuda(), torch.randn(n, generator=g).half().cuda()
-    default = _triton_group.dot_ok(t.device, hadamard_matrix(t.device))
-    got = {}
-    for variant in ("loop", "dot"):
-        os.environ["EXL3TOOL_WEIGHT_KERNEL"] = variant
-        sec = _cuda_time(lambda: tc.effective_weight(t, su, sv, "mcg"), max(3, repeat // 2))
-        got[variant] = tc.effective_weight(t, su, sv, "mcg").view(torch.int16)
-        print(f"  W_eff kernel variant {variant:<5} {k}x{n} K=4 mcg {sec * 1e6:8.1f} us")
-    os.environ.pop("EXL3TOOL_WEIGHT_KERNEL")
-    same = torch.equal(got["loop"], got["dot"])
-    print(f"  variants bit-identical={same}; default variant here: {'dot' if default else 'loop'}")
 
 
 def main() -> int:

@@ -16,8 +16,6 @@ TRITON_INTERPRET=1 both kernels run on CPU tensors (tests only); there the FMA i
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Sequence
 
 import torch
@@ -30,13 +28,6 @@ if HAVE_TRITON:  # pragma: no cover - depends on the environment
     import triton.language as tl
 
     from exl3tool.trellis._triton import state_value, tile_values
-
-    @triton.jit
-    def _aligned(table_ptr, idx, dtype):
-        """Address idx of the table as a pointer the compiler knows is 16-byte aligned (the host
-        checks it), so that contiguous stores and loads through it can be vectorized."""
-        a = tl.load(table_ptr + idx)
-        return ((a >> 4) << 4).to(tl.pointer_type(dtype))
 
     @triton.jit
     def _group_decode_kernel(
@@ -54,8 +45,8 @@ if HAVE_TRITON:  # pragma: no cover - depends on the environment
         pid_r = tl.program_id(0)
         pid_n = tl.program_id(1)
         m = tl.program_id(2)
-        trellis_ptr = _aligned(table_ptr, 2 * m, tl.int16)
-        out_ptr = _aligned(table_ptr, 2 * m + 1, tl.float16)
+        trellis_ptr = tl.load(table_ptr + 2 * m).to(tl.pointer_type(tl.int16))
+        out_ptr = tl.load(table_ptr + 2 * m + 1).to(tl.pointer_type(tl.float16))
         R: tl.constexpr = 16 * WD
         r = tl.arange(0, 16)
         c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -103,15 +94,14 @@ if HAVE_TRITON:  # pragma: no cover - depends on the environment
         HALF: tl.constexpr,
         CB: tl.constexpr,
         EMU: tl.constexpr,
-        DOT: tl.constexpr,
     ):
         pid_r = tl.program_id(0)
         pid_c = tl.program_id(1)
         m = tl.program_id(2)
-        trellis_ptr = _aligned(table_ptr, 4 * m, tl.int16)
-        suh_ptr = _aligned(table_ptr, 4 * m + 1, tl.float16)
-        svh_ptr = _aligned(table_ptr, 4 * m + 2, tl.float16)
-        out_ptr = _aligned(table_ptr, 4 * m + 3, tl.float16)
+        trellis_ptr = tl.load(table_ptr + 4 * m).to(tl.pointer_type(tl.int16))
+        suh_ptr = tl.load(table_ptr + 4 * m + 1).to(tl.pointer_type(tl.float16))
+        svh_ptr = tl.load(table_ptr + 4 * m + 2).to(tl.pointer_type(tl.float16))
+        out_ptr = tl.load(table_ptr + 4 * m + 3).to(tl.pointer_type(tl.float16))
         i = tl.arange(0, 128)
         j = tl.arange(0, 128)
         r_base = pid_r * 128
@@ -129,72 +119,58 @@ if HAVE_TRITON:  # pragma: no cover - depends on the environment
             HALF,
             CB,
         )
-        if DOT:
-            # both transforms as fp32 FMA dots ("ieee": no TF32): Triton's FMA dot accumulates
-            # every output over k = 0..127 in order, one fma each, i.e. §5.4's order; `dot_ok`
-            # checks that on the device before this variant is used
-            cm = tl.load(had_ptr + i[:, None] * 128 + j[None, :])
-            acc = tl.dot(cm, w.to(tl.float32), input_precision="ieee")
-            su = tl.load(suh_ptr + r_base + i).to(tl.float32)
-            y = (acc.to(tl.float16).to(tl.float32) * su[:, None]).to(tl.float16)
-            acc = tl.dot(y.to(tl.float32), cm, input_precision="ieee")
-            sv = tl.load(svh_ptr + c_base + j).to(tl.float32)
-            z = (acc.to(tl.float16).to(tl.float32) * sv[None, :]).to(tl.float16)
-            tl.store(block, z)
-        else:
-            tl.store(block, w)
-            tl.debug_barrier()
-            # left transform: acc[i, j] = sum_t C[i, t] * Ŵ[t, j], t = 0..127, one fp32 FMA each
-            acc = tl.zeros((128, 128), dtype=tl.float32)
-            for t in range(128):
-                x = tl.load(out_ptr + (r_base + t) * n_out + c_base + j).to(tl.float32)
-                c = tl.load(had_ptr + i * 128 + t)
-                acc = _fma32(c[:, None], x[None, :], acc, EMU)
-            su = tl.load(suh_ptr + r_base + i).to(tl.float32)
-            y = (acc.to(tl.float16).to(tl.float32) * su[:, None]).to(tl.float16)
-            tl.debug_barrier()
-            # the intermediate, transposed, into the region: row t of the region = column t of y
-            tl.store(out_ptr + (r_base + j)[None, :] * n_out + (c_base + i)[:, None], y)
-            tl.debug_barrier()
-            # right transform: acc[i, j] = sum_t y[i, t] * C[t, j], same order
-            acc = tl.zeros((128, 128), dtype=tl.float32)
-            for t in range(128):
-                yt = tl.load(out_ptr + (r_base + t) * n_out + c_base + i).to(tl.float32)
-                c = tl.load(had_ptr + t * 128 + j)
-                acc = _fma32(yt[:, None], c[None, :], acc, EMU)
-            sv = tl.load(svh_ptr + c_base + j).to(tl.float32)
-            z = (acc.to(tl.float16).to(tl.float32) * sv[None, :]).to(tl.float16)
-            tl.debug_barrier()
-            tl.store(block, z)
+        tl.store(block, w)
+        tl.debug_barrier()
+        # 2. left transform: acc[i, j] = sum_t C[i, t] * Ŵ[t, j], t = 0..127, one fp32 FMA each
+        acc = tl.zeros((128, 128), dtype=tl.float32)
+        for t in range(128):
+            x = tl.load(out_ptr + (r_base + t) * n_out + c_base + j).to(tl.float32)
+            c = tl.load(had_ptr + i * 128 + t)
+            acc = _fma32(c[:, None], x[None, :], acc, EMU)
+        su = tl.load(suh_ptr + r_base + i).to(tl.float32)
+        y = (acc.to(tl.float16).to(tl.float32) * su[:, None]).to(tl.float16)
+        tl.debug_barrier()
+        # 3. the intermediate, transposed, into the region: row t of the region = column t of y
+        tl.store(out_ptr + (r_base + j)[None, :] * n_out + (c_base + i)[:, None], y)
+        tl.debug_barrier()
+        # 4. right transform: acc[i, j] = sum_t y[i, t] * C[t, j], same order
+        acc = tl.zeros((128, 128), dtype=tl.float32)
+        for t in range(128):
+            yt = tl.load(out_ptr + (r_base + t) * n_out + c_base + i).to(tl.float32)
+            c = tl.load(had_ptr + t * 128 + j)
+            acc = _fma32(yt[:, None], c[None, :], acc, EMU)
+        sv = tl.load(svh_ptr + c_base + j).to(tl.float32)
+        z = (acc.to(tl.float16).to(tl.float32) * sv[None, :]).to(tl.float16)
+        tl.debug_barrier()
+        tl.store(block, z)
 
 
-# (TR, BLOCK_N, num_warps) of the grouped decode; the fastest is picked per shape on first use
-DECODE_CONFIGS = ((1, 256, 4), (4, 256, 8), (2, 512, 8))
-_decode_best: dict[tuple, tuple[int, int, int]] = {}
+# (TR, BLOCK_N, num_warps) of the grouped decode
+DECODE_CONFIG = (4, 256, 8)
 WEIGHT_WARPS = 8
-# "dot" / "loop": the W_eff kernel's two variants; EXL3TOOL_WEIGHT_KERNEL forces one (benchmarks)
-_dot_ok: dict[str, bool] = {}
-_lock = threading.Lock()
 
 
 def _table(rows: Sequence[Sequence[torch.Tensor]], device: torch.device) -> torch.Tensor:
-    ptrs = [[t.data_ptr() for t in r] for r in rows]
-    if any(a % 16 for r in ptrs for a in r):
-        raise ValueError("grouped kernels need 16-byte aligned tensors")
-    return torch.tensor(ptrs, dtype=torch.int64).to(device, non_blocking=True)
+    return torch.tensor([[t.data_ptr() for t in r] for r in rows], dtype=torch.int64).to(device)
 
 
-def aligned(*tensors: torch.Tensor) -> bool:
-    """Whether every tensor starts on a 16-byte boundary (fresh allocations always do)."""
-    return all(t.data_ptr() % 16 == 0 for t in tensors)
+def decode_group(
+    trellises: Sequence[torch.Tensor],
+    outs: Sequence[torch.Tensor],
+    codebook: str,
+    rate,
+    config: tuple[int, int, int] = DECODE_CONFIG,
+) -> None:
+    """Decode each contiguous trellis [tk, tn, Wd] into its fp16 out [16·tk, 16·tn], one launch.
 
-
-def _decode_launch(table, k, n, tiles_n, count, rate, cb_id, cfg) -> None:
-    tr, bn, nw = cfg
-    tiles_k = k // 16
+    All trellises share shape and rate; outs are contiguous, on the trellises' device."""
+    tr, bn, nw = config
+    tiles_k, tiles_n = trellises[0].shape[:2]
     while tr > 1 and tiles_k % tr:
         tr //= 2
-    grid = (tiles_k // tr, triton.cdiv(n, bn), count)
+    k, n = 16 * tiles_k, 16 * tiles_n
+    table = _table(list(zip(trellises, outs, strict=True)), trellises[0].device)
+    grid = (tiles_k // tr, triton.cdiv(n, bn), len(trellises))
     _group_decode_kernel[grid](
         table,
         k,
@@ -203,100 +179,11 @@ def _decode_launch(table, k, n, tiles_n, count, rate, cb_id, cfg) -> None:
         WD=rate.words,
         KB=rate.bits,
         HALF=rate.half,
-        CB=cb_id,
+        CB=_triton._CB_ID[codebook],
         TR=tr,
         BLOCK_N=bn,
         num_warps=nw,
     )
-
-
-def _decode_config(table, k, n, tiles_n, count, rate, cb_id, dev) -> tuple[int, int, int]:
-    key = (k, n, rate.words, cb_id, str(dev))
-    cfg = _decode_best.get(key)
-    if cfg is None:
-        if dev.type != "cuda":
-            cfg = DECODE_CONFIGS[0]
-        else:
-            times = []
-            for cand in DECODE_CONFIGS:
-                _decode_launch(table, k, n, tiles_n, count, rate, cb_id, cand)  # compile, warm
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for _ in range(3):
-                    _decode_launch(table, k, n, tiles_n, count, rate, cb_id, cand)
-                b.record()
-                b.synchronize()
-                times.append((a.elapsed_time(b), cand))
-            cfg = min(times)[1]
-        _decode_best[key] = cfg
-    return cfg
-
-
-def decode_group(
-    trellises: Sequence[torch.Tensor],
-    outs: Sequence[torch.Tensor],
-    codebook: str,
-    rate,
-) -> None:
-    """Decode each contiguous trellis [tk, tn, Wd] into its fp16 out [16·tk, 16·tn], one launch.
-
-    All trellises share shape and rate; outs are contiguous, on the trellises' device, and every
-    tensor is 16-byte aligned."""
-    tiles_k, tiles_n = trellises[0].shape[:2]
-    k, n = 16 * tiles_k, 16 * tiles_n
-    dev = trellises[0].device
-    table = _table(list(zip(trellises, outs, strict=True)), dev)
-    cb_id = _triton._CB_ID[codebook]
-    cfg = _decode_config(table, k, n, tiles_n, len(trellises), rate, cb_id, dev)
-    _decode_launch(table, k, n, tiles_n, len(trellises), rate, cb_id, cfg)
-
-
-def _weight_launch(table, had, row0, col0, k, n, tiles_n, count, rate, cb_id, dev, dot) -> None:
-    _group_weight_kernel[(k // 128, n // 128, count)](
-        table,
-        had,
-        row0,
-        col0,
-        n,
-        tiles_n,
-        WD=rate.words,
-        KB=rate.bits,
-        HALF=rate.half,
-        CB=cb_id,
-        EMU=dev.type == "cpu",
-        DOT=dot,
-        num_warps=WEIGHT_WARPS,
-    )
-
-
-def dot_ok(dev: torch.device, had: torch.Tensor) -> bool:
-    """Whether the dot variant gives the loop variant's bits on `dev` (checked once, cached).
-
-    The check runs both on random 256 x 384 K=4 MCG matrices; the loop variant is the reference
-    (one explicit fma per step, §5.4)."""
-    forced = os.environ.get("EXL3TOOL_WEIGHT_KERNEL", "")
-    if forced in ("dot", "loop"):
-        return forced == "dot"
-    if dev.type != "cuda":
-        return False
-    key = str(dev)
-    with _lock:
-        if key not in _dot_ok:
-            from exl3tool.trellis.bitstream import _check_trellis
-
-            g = torch.Generator().manual_seed(2024)
-            t = torch.randint(-32768, 32768, (16, 24, 64), dtype=torch.int16, generator=g).to(dev)
-            su = torch.randn(256, generator=g).half().to(dev)
-            sv = torch.randn(384, generator=g).half().to(dev)
-            rate = _check_trellis(t)
-            got = []
-            for dot in (False, True):
-                out = torch.empty((256, 384), dtype=torch.float16, device=dev)
-                table = _table([(t, su, sv, out)], dev)
-                _weight_launch(table, had, 0, 0, 256, 384, 24, 1, rate, 1, dev, dot)
-                got.append(out.view(torch.int16))
-            _dot_ok[key] = bool(torch.equal(got[0], got[1]))
-    return _dot_ok[key]
 
 
 def weight_group(
@@ -313,13 +200,24 @@ def weight_group(
     """W_eff of rows [row0, row0 + k), cols [col0, col0 + n) of each trellis into its out [k, n].
 
     trellises: contiguous, full [tk, tn, Wd], same shape and rate; suhs / svhs: fp16 [k] / [n],
-    already cut to the range; had: fp32 C = H_128 / √128 [128, 128]; all on one device, 16-byte
-    aligned. Ranges lie on 128 boundaries."""
+    already cut to the range; had: fp32 C = H_128 / √128 [128, 128]; all on one device. Ranges lie
+    on 128 boundaries."""
     k, n = outs[0].shape
+    tiles_n = trellises[0].shape[1]
     dev = trellises[0].device
     table = _table(list(zip(trellises, suhs, svhs, outs, strict=True)), dev)
-    cb_id = _triton._CB_ID[codebook]
-    dot = dot_ok(dev, had)
-    _weight_launch(
-        table, had, row0, col0, k, n, trellises[0].shape[1], len(outs), rate, cb_id, dev, dot
+    grid = (k // 128, n // 128, len(trellises))
+    _group_weight_kernel[grid](
+        table,
+        had,
+        row0,
+        col0,
+        n,
+        tiles_n,
+        WD=rate.words,
+        KB=rate.bits,
+        HALF=rate.half,
+        CB=_triton._CB_ID[codebook],
+        EMU=dev.type == "cpu",
+        num_warps=WEIGHT_WARPS,
     )
