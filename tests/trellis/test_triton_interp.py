@@ -43,6 +43,16 @@ SCRIPT = textwrap.dedent(
                                    _check_trellis(ts[0]))
         for t, o in zip(ts, outs):
             assert same(o, tc.decode_rotated(t, cb, backend="torch")), (K, cb, "decode")
+        # W_eff of several matrices in one grouped launch, each with its own scales
+        from exl3tool.trellis.hadamard import hadamard_matrix
+        sus = [torch.randn(256, generator=g).half() for _ in ts]
+        svs = [torch.randn(384, generator=g).half() for _ in ts]
+        outs = [torch.empty(256, 384, dtype=torch.float16) for _ in ts]
+        rate = _check_trellis(ts[0])
+        _triton_group.weight_group(ts, sus, svs, outs, hadamard_matrix("cpu"),
+                                   tc.check_rate_codebook(rate, cb), rate)
+        for t, su, sv, o in zip(ts, sus, svs, outs):
+            assert same(o, tc.effective_weight(t, su, sv, cb, method="fma")), (K, cb, "group")
     print("ok")
     """
 )
