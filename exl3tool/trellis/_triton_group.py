@@ -145,6 +145,8 @@ if HAVE_TRITON:  # pragma: no cover - depends on the environment
         tl.store(block, z)
 
 
+# matrices per launch: the grid's third dimension holds at most 65535 programs
+MAX_GROUP = 65535
 # (TR, BLOCK_N, num_warps) of the grouped decode
 DECODE_CONFIG = (4, 256, 8)
 WEIGHT_WARPS = 8

@@ -200,7 +200,9 @@ def decode_rotated_many(
         ts = [trellises[i].to(dev).contiguous() for i in idx]
         o = [torch.empty((shape[0] * TILE, shape[1] * TILE), dtype=torch.float16, device=dev)
              for _ in idx]  # fmt: skip
-        _triton_group.decode_group(ts, o, name, rate)
+        for a in range(0, len(ts), _triton_group.MAX_GROUP):
+            b = a + _triton_group.MAX_GROUP
+            _triton_group.decode_group(ts[a:b], o[a:b], name, rate)
         for i, w in zip(idx, o, strict=True):
             outs[i] = w
     return outs  # type: ignore[return-value]

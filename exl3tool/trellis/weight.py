@@ -154,7 +154,9 @@ def effective_weights(
         svs = [items[i][2].to(dev).contiguous() for i in idx]
         o = [torch.empty((shape[0] * TILE, shape[1] * TILE), dtype=torch.float16, device=dev)
              for _ in idx]  # fmt: skip
-        _triton_group.weight_group(ts, sus, svs, o, had, name, rate)
+        for a in range(0, len(ts), _triton_group.MAX_GROUP):
+            b = a + _triton_group.MAX_GROUP
+            _triton_group.weight_group(ts[a:b], sus[a:b], svs[a:b], o[a:b], had, name, rate)
         for i, w in zip(idx, o, strict=True):
             outs[i] = w
     return outs  # type: ignore[return-value]
