@@ -54,8 +54,7 @@ def decode_weights(
 ) -> list[torch.Tensor]:
     """W_eff of many linears [(trellis, suh, svh)], bit for bit what `decode_weight` gives each;
     on CUDA one kernel launch per (shape, K) group (a layer's experts of one projection)."""
-    moved = [tuple(x.to(device) for x in item) for item in items]
-    return effective_weights(moved, CODEBOOK, device=device)  # type: ignore[arg-type]
+    return effective_weights(items, CODEBOOK, device=device)
 
 
 @dataclass

@@ -39,19 +39,13 @@ def available(device: torch.device) -> bool:
 if HAVE_TRITON:
 
     @triton.jit
-    def tile_values(trellis_ptr, row, col, tiles_n, mask, WD, KB, HALF, CB):
-        """fp16 Ŵ[row, col] straight from the trellis words (row, col: broadcastable int tensors).
+    def ring_window(rr, cc, WD, KB, HALF):
+        """(word, next word, bit offset) of the state of tile element (rr, cc) (broadcastable).
 
-        The state window (§3.3), the tile permutation (§3.4) and the codebook (§4) use integer ops
-        only, the same arithmetic as exl3tool.trellis.codebook, so the result equals the torch path.
-        Terms that depend on the row only are computed on the row tensor, before broadcasting.
-        """
+        p is the element's position, the inverse of TC_PERM (§3.4); its state is the 16 ring bits
+        ending at bit E(p) (§3.3), read from the int16 word pair (w ^ 1, w2 ^ 1) at offset o.
+        Terms of the row alone are computed on rr, before broadcasting."""
         R: tl.constexpr = 16 * WD
-        tk = row >> 4
-        rr = row & 15
-        tn = col >> 4
-        cc = col & 15
-        # position p of tile element (rr, cc): inverse of TC_PERM (§3.4)
         pr = 8 * ((rr & 7) >> 1) + (rr & 1) + 2 * (rr >> 3)
         pc = 32 * (cc & 7) + 4 * (cc >> 3)
         p = pr + pc
@@ -59,10 +53,19 @@ if HAVE_TRITON:
         st = e + (R - 16)
         st = tl.where(st >= R, st - R, st)
         w = st >> 4
-        o = st & 15
         w2 = w + 1
         w2 = tl.where(w2 == WD, 0, w2)
-        base = (tk * tiles_n + tn) * WD
+        return w, w2, st & 15
+
+    @triton.jit
+    def tile_values(trellis_ptr, row, col, tiles_n, mask, WD, KB, HALF, CB):
+        """fp16 Ŵ[row, col] straight from the trellis words (row, col: broadcastable int tensors).
+
+        The state window (§3.3), the tile permutation (§3.4) and the codebook (§4) use integer ops
+        only, the same arithmetic as exl3tool.trellis.codebook, so the result equals the torch path.
+        """
+        w, w2, o = ring_window(row & 15, col & 15, WD, KB, HALF)
+        base = ((row >> 4) * tiles_n + (col >> 4)) * WD
         a = tl.load(trellis_ptr + base + (w ^ 1), mask=mask, other=0)
         b = tl.load(trellis_ptr + base + (w2 ^ 1), mask=mask, other=0)
         return state_value(a, b, o, CB)

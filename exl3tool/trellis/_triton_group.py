@@ -27,7 +27,7 @@ if HAVE_TRITON:  # pragma: no cover - depends on the environment
     import triton
     import triton.language as tl
 
-    from exl3tool.trellis._triton import state_value, tile_values
+    from exl3tool.trellis._triton import ring_window, state_value, tile_values
 
     @triton.jit
     def _group_decode_kernel(
@@ -47,21 +47,11 @@ if HAVE_TRITON:  # pragma: no cover - depends on the environment
         m = tl.program_id(2)
         trellis_ptr = tl.load(table_ptr + 2 * m).to(tl.pointer_type(tl.int16))
         out_ptr = tl.load(table_ptr + 2 * m + 1).to(tl.pointer_type(tl.float16))
-        R: tl.constexpr = 16 * WD
         r = tl.arange(0, 16)
         c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = (c < n_cols)[None, :]
-        # position terms of (rr, cc), shared by every tile row of this program (§3.3, §3.4)
-        pr = 8 * ((r & 7) >> 1) + (r & 1) + 2 * (r >> 3)
-        cc = c & 15
-        p = pr[:, None] + (32 * (cc & 7) + 4 * (cc >> 3))[None, :]
-        e = (p + 1) * (2 * KB + 1) >> 1 if HALF else (p + 1) * KB
-        st = e + (R - 16)
-        st = tl.where(st >= R, st - R, st)
-        w = st >> 4
-        o = st & 15
-        w2 = w + 1
-        w2 = tl.where(w2 == WD, 0, w2)
+        # the state window of (rr, cc), shared by every tile row of this program (§3.3, §3.4)
+        w, w2, o = ring_window(r[:, None], (c & 15)[None, :], WD, KB, HALF)
         col_off = ((c >> 4) * WD)[None, :]
         off_a = col_off + (w ^ 1)
         off_b = col_off + (w2 ^ 1)
@@ -150,6 +140,29 @@ MAX_GROUP = 65535
 # (TR, BLOCK_N, num_warps) of the grouped decode
 DECODE_CONFIG = (4, 256, 8)
 WEIGHT_WARPS = 8
+
+
+def launch_grouped(
+    trellises: Sequence[torch.Tensor], codebook: str, device: torch.device, launch
+) -> list[torch.Tensor]:
+    """fp16 outputs [16·tk, 16·tn] of many trellises, in their order: one `launch(idx, outs,
+    codebook_name, rate)` per group of one shape and rate (at most MAX_GROUP matrices each)."""
+    from exl3tool.trellis.bitstream import TILE, _check_trellis
+    from exl3tool.trellis.decode import check_rate_codebook
+
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(trellises):
+        groups.setdefault((tuple(t.shape), _check_trellis(t)), []).append(i)
+    result: list[torch.Tensor | None] = [None] * len(trellises)
+    for (shape, rate), idx in groups.items():
+        name = check_rate_codebook(rate, codebook)
+        outs = [torch.empty((shape[0] * TILE, shape[1] * TILE), dtype=torch.float16,
+                            device=device) for _ in idx]  # fmt: skip
+        for a in range(0, len(idx), MAX_GROUP):
+            launch(idx[a : a + MAX_GROUP], outs[a : a + MAX_GROUP], name, rate)
+        for i, w in zip(idx, outs, strict=True):
+            result[i] = w
+    return result  # type: ignore[return-value]
 
 
 def _table(rows: Sequence[Sequence[torch.Tensor]], device: torch.device) -> torch.Tensor:

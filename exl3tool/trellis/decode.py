@@ -184,25 +184,17 @@ def decode_rotated_many(
     dev = torch.device(device) if device is not None else trellises[0].device
     from exl3tool.trellis import _triton
 
-    if not (dev.type == "cuda" and _triton.available(dev)):
+    if not _triton.available(dev):  # CUDA, or the CPU under the interpreter (tests)
         return [decode_rotated(t, codebook, device=dev) for t in trellises]
     from exl3tool.trellis import _triton_group
 
-    groups: dict[tuple, list[int]] = {}
-    for i, t in enumerate(trellises):
-        rate = _check_trellis(t)
+    for t in trellises:
+        _check_trellis(t)
         if t.dim() != 3:
             raise TrellisError(f"trellis must be 3-D [k/16, n/16, 16K], got {tuple(t.shape)}")
-        groups.setdefault((tuple(t.shape), rate), []).append(i)
-    outs: list[torch.Tensor | None] = [None] * len(trellises)
-    for (shape, rate), idx in groups.items():
-        name = check_rate_codebook(rate, codebook)
+
+    def launch(idx, outs, name, rate):
         ts = [trellises[i].to(dev).contiguous() for i in idx]
-        o = [torch.empty((shape[0] * TILE, shape[1] * TILE), dtype=torch.float16, device=dev)
-             for _ in idx]  # fmt: skip
-        for a in range(0, len(ts), _triton_group.MAX_GROUP):
-            b = a + _triton_group.MAX_GROUP
-            _triton_group.decode_group(ts[a:b], o[a:b], name, rate)
-        for i, w in zip(idx, o, strict=True):
-            outs[i] = w
-    return outs  # type: ignore[return-value]
+        _triton_group.decode_group(ts, outs, name, rate)
+
+    return _triton_group.launch_grouped(trellises, codebook, dev, launch)

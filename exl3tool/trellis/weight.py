@@ -132,31 +132,20 @@ def effective_weights(
     if not items:
         return []
     dev = torch.device(device) if device is not None else items[0][0].device
-    if not (dev.type == "cuda" and _triton.available(dev)):
+    if not _triton.available(dev):  # CUDA, or the CPU under the interpreter (tests)
         return [effective_weight(t, su, sv, codebook, device=dev) for t, su, sv in items]
     from exl3tool.trellis import _triton_group
 
-    groups: dict[tuple, list[int]] = {}
-    for i, (t, su, sv) in enumerate(items):
-        rate = _check_trellis(t)
-        check_rate_codebook(rate, codebook)
+    for t, su, sv in items:
+        check_rate_codebook(_check_trellis(t), codebook)
         if t.dim() != 3 or (t.shape[0] * TILE) % HAD or (t.shape[1] * TILE) % HAD:
             raise TrellisError(f"trellis shape {tuple(t.shape)} is not a whole 128-block matrix")
         _check_scale(su, t.shape[0] * TILE, "suh")
         _check_scale(sv, t.shape[1] * TILE, "svh")
-        groups.setdefault((tuple(t.shape), rate), []).append(i)
-    outs: list[torch.Tensor | None] = [None] * len(items)
     had = hadamard_matrix(dev)
-    for (shape, rate), idx in groups.items():
-        name = check_rate_codebook(rate, codebook)
-        ts = [items[i][0].to(dev).contiguous() for i in idx]
-        sus = [items[i][1].to(dev).contiguous() for i in idx]
-        svs = [items[i][2].to(dev).contiguous() for i in idx]
-        o = [torch.empty((shape[0] * TILE, shape[1] * TILE), dtype=torch.float16, device=dev)
-             for _ in idx]  # fmt: skip
-        for a in range(0, len(ts), _triton_group.MAX_GROUP):
-            b = a + _triton_group.MAX_GROUP
-            _triton_group.weight_group(ts[a:b], sus[a:b], svs[a:b], o[a:b], had, name, rate)
-        for i, w in zip(idx, o, strict=True):
-            outs[i] = w
-    return outs  # type: ignore[return-value]
+
+    def launch(idx, outs, name, rate):
+        ts, sus, svs = ([items[i][f].to(dev).contiguous() for i in idx] for f in range(3))
+        _triton_group.weight_group(ts, sus, svs, outs, had, name, rate)
+
+    return _triton_group.launch_grouped([t for t, _, _ in items], codebook, dev, launch)

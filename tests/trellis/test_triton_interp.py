@@ -53,6 +53,15 @@ SCRIPT = textwrap.dedent(
                                    tc.check_rate_codebook(rate, cb), rate)
         for t, su, sv, o in zip(ts, sus, svs, outs):
             assert same(o, tc.effective_weight(t, su, sv, cb, method="fma")), (K, cb, "group")
+    # the public grouped calls over mixed shapes and rates: one launch per (shape, K)
+    mix = [torch.randint(-32768, 32768, shape, dtype=torch.int16, generator=g)
+           for shape in ((16, 24, 32), (8, 16, 48), (16, 24, 32), (8, 16, 32))]
+    for t, w in zip(mix, tc.decode_rotated_many(mix, "mcg")):
+        assert same(w, tc.decode_rotated(t, "mcg", backend="torch")), "many"
+    items = [(t, torch.randn(16 * t.shape[0], generator=g).half(),
+              torch.randn(16 * t.shape[1], generator=g).half()) for t in mix]
+    for (t, su, sv), w in zip(items, tc.effective_weights(items, "mcg")):
+        assert same(w, tc.effective_weight(t, su, sv, "mcg", method="fma")), "weights"
     print("ok")
     """
 )
