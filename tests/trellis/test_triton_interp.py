@@ -53,6 +53,11 @@ SCRIPT = textwrap.dedent(
                                    tc.check_rate_codebook(rate, cb), rate)
         for t, su, sv, o in zip(ts, sus, svs, outs):
             assert same(o, tc.effective_weight(t, su, sv, cb, method="fma")), (K, cb, "group")
+    # the per-matrix decode kernel, every rate
+    for words, cb in ((16, "mcg"), (24, "mul1"), (48, "3inst"), (56, "mul1"), (128, "mcg")):
+        t = torch.randint(-32768, 32768, (8, 16, words), dtype=torch.int16, generator=g)
+        assert same(tc.decode_rotated(t, cb, backend="triton"),
+                    tc.decode_rotated(t, cb, backend="torch")), (words, cb)
     # the public grouped calls over mixed shapes and rates: one launch per (shape, K)
     mix = [torch.randint(-32768, 32768, shape, dtype=torch.int16, generator=g)
            for shape in ((16, 24, 32), (8, 16, 48), (16, 24, 32), (8, 16, 32))]
