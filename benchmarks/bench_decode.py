@@ -28,6 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exl3tool import trellis as tc
+from exl3tool.trellis import _triton_group
+from exl3tool.trellis.hadamard import hadamard_matrix
 
 SHAPES = ((6144, 2048, 4), (8192, 8192, 4))
 HBM_BYTES_PER_S = 4.3e12
@@ -191,6 +193,16 @@ def _row(label: str, theirs: float, ours: float, bound: float, same: bool) -> st
     )
 
 
+def _weights_loop(ts, suh, svh, cb) -> None:
+    """W_eff of every expert through the loop form of the fused kernel (one grouped launch)."""
+    from exl3tool.trellis.bitstream import _check_trellis
+
+    rate = _check_trellis(ts[0])
+    outs = [torch.empty((16 * t.shape[0], 16 * t.shape[1]), dtype=torch.half, device="cuda")
+            for t in ts]  # fmt: skip
+    _triton_group.weight_group(ts, suh, svh, outs, hadamard_matrix("cuda"), cb, rate, dot=False)
+
+
 def bench_cuda_experts(repeat: int, experts: int) -> None:
     """Issue 16: grouped decode and fused W_eff on expert-sized matrices, per expert."""
     try:
@@ -200,6 +212,8 @@ def bench_cuda_experts(repeat: int, experts: int) -> None:
         print(f"exllamav3 not importable ({exc}); exl3tool figures only")
         ext = LinearEXL3 = None
     print(f"expert shapes, {experts} experts per grouped launch (times per expert)")
+    dot_form = _triton_group.dot_matches(torch.device("cuda"), hadamard_matrix("cuda"))
+    print(f"W_eff kernel: FMA-dot form bit-identical to the loop form here: {dot_form}")
     for cb in ("mcg", "mul1"):
         mcg, mul1 = cb == "mcg", cb == "mul1"
         for k, n in EXPERT_SHAPES:
@@ -218,6 +232,21 @@ def bench_cuda_experts(repeat: int, experts: int) -> None:
                 label = f"{k}x{n} K={K} {cb}"
                 group = _cuda_time(lambda ts=ts: tc.decode_rotated_many(ts, cb), repeat) / experts
                 mine = tc.decode_rotated_many(ts, cb)
+                outs = [torch.empty_like(w) for w in mine]
+                single = _cuda_time(
+                    lambda t=ts[0], o=outs[0]: tc.decode_rotated(t, cb, out=o), repeat
+                )
+
+                def each_expert(ts=ts, outs=outs):
+                    for t, o in zip(ts, outs, strict=True):
+                        tc.decode_rotated(t, cb, out=o)
+
+                single_b2b = _cuda_time(each_expert, repeat) / experts
+                loop_form = (
+                    _cuda_time(lambda ts=ts, suh=suh, svh=svh: _weights_loop(ts, suh, svh, cb),
+                               max(3, repeat // 4))
+                    / experts
+                )  # fmt: skip
                 weights = tc.effective_weights(list(zip(ts, suh, svh, strict=True)), cb)
                 wgroup = (
                     _cuda_time(
@@ -234,10 +263,12 @@ def bench_cuda_experts(repeat: int, experts: int) -> None:
                     ),
                     max(3, repeat // 4),
                 )
+                print(f"  {label:<28} ours: decode 1 call {single * 1e6:6.1f} us, back-to-back "
+                      f"{single_b2b * 1e6:6.1f} us, grouped {group * 1e6:6.1f} us (bound "
+                      f"{bound * 1e6:4.1f} us); W_eff kernel {wgroup * 1e6:6.1f} us (dot form "
+                      f"{dot_form}; loop form {loop_form * 1e6:6.1f} us), matmul path "
+                      f"{old * 1e6:7.1f} us")  # fmt: skip
                 if ext is None:
-                    print(f"  {label:<28} grouped decode {group * 1e6:8.1f} us  bound "
-                          f"{bound * 1e6:5.1f} us  W_eff kernel {wgroup * 1e6:8.1f} us  "
-                          f"matmul path {old * 1e6:8.1f} us")  # fmt: skip
                     continue
                 ref = torch.empty((k, n), dtype=torch.half, device="cuda")
                 refs = [torch.empty_like(ref) for _ in ts]
@@ -254,8 +285,13 @@ def bench_cuda_experts(repeat: int, experts: int) -> None:
                     torch.equal(a.view(torch.int16), b.view(torch.int16))
                     for a, b in zip(mine, refs, strict=True)
                 )
-                print(_row(label + " decode/call", one, group, bound, same))
-                print(_row(label + " decode/b2b", b2b, group, bound, same))
+                same = same and all(
+                    torch.equal(a.view(torch.int16), b.view(torch.int16))
+                    for a, b in zip(outs, refs, strict=True)
+                )
+                print(_row(label + " decode/call", one, single, bound, same))
+                print(_row(label + " decode/b2b", b2b, single_b2b, bound, same))
+                print(_row(label + " grouped/b2b", b2b, group, bound, same))
                 lins = [
                     LinearEXL3(None, k, n, suh=a, svh=b, trellis=t,
                                mcg=torch.tensor(-877912083, dtype=torch.int32) if mcg else None,

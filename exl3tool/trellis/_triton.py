@@ -76,7 +76,11 @@ if HAVE_TRITON:
         a = a.to(tl.uint16, bitcast=True).to(tl.uint32)
         b = b.to(tl.uint16, bitcast=True).to(tl.uint32)
         v = (a << 16) | b
-        s = (v >> (16 - o).to(tl.uint32)) & 0xFFFF
+        return codebook_value((v >> (16 - o).to(tl.uint32)) & 0xFFFF, CB)
+
+    @triton.jit
+    def codebook_value(s, CB):
+        """fp16 codebook value (§4) of the uint32 16-bit states s (the table's arithmetic)."""
         if CB == 2:
             x = s * tl.full((), 0x83DCD12D, tl.uint32)
             bsum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
@@ -94,32 +98,84 @@ if HAVE_TRITON:
         return val
 
     @triton.jit
-    def _decode_kernel(
-        trellis_ptr,
+    def _run_decode_kernel(
+        words_ptr,
         out_ptr,
-        k_rows,
+        table_ptr,
+        tiles_k,
         n_cols,
-        tiles_n,
+        row_stride,
         WD: tl.constexpr,
         KB: tl.constexpr,
         HALF: tl.constexpr,
         CB: tl.constexpr,
+        RUN: tl.constexpr,
         TR: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        GROUPED: tl.constexpr,
     ):
+        """Ŵ of TR tile rows x BLOCK_N columns, one run of RUN consecutive positions per thread.
+
+        Positions 4m .. 4m+3 of a tile are rows b, b+1, b+8, b+9 of one column (§3.4), and their
+        states lie in RUN·K + 16 - K consecutive ring bits (§3.3): one pair of u32 words (MSB-first)
+        holds them all, so each run costs two loads and one shift per weight. The run's word
+        pair and offset are the same in every tile, so they are computed once per program.
+        words_ptr: the trellis as u32 [tiles, Wd/2] with row_stride u32 words per tile row; with
+        GROUPED, row m of the int64 table holds (words, out) of matrix program_id(2)."""
         pid_r = tl.program_id(0)
         pid_n = tl.program_id(1)
-        row = pid_r * (16 * TR) + tl.arange(0, 16 * TR)  # output row
-        c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (row < k_rows)[:, None] & (c < n_cols)[None, :]
-        val = tile_values(trellis_ptr, row[:, None], c[None, :], tiles_n, mask, WD, KB, HALF, CB)
-        tl.store(out_ptr + row[:, None] * n_cols + c[None, :], val, mask=mask)
+        if GROUPED:
+            m = tl.program_id(2)
+            words_ptr = tl.load(table_ptr + 2 * m).to(tl.pointer_type(tl.int32))
+            out_ptr = tl.load(table_ptr + 2 * m + 1).to(tl.pointer_type(tl.float16))
+        WU: tl.constexpr = WD // 2
+        R: tl.constexpr = 16 * WD
+        RUNS: tl.constexpr = 16 // RUN
+        g = tl.arange(0, RUNS)[:, None]
+        c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        cc = c & 15
+        # first row of run g and its position (rows b + (0, 1) [+ (8, 9)], §3.4)
+        if RUN == 4:
+            b = 2 * g
+            q = 8 * g + 32 * (cc & 7) + 4 * (cc >> 3)
+        else:
+            b = 2 * (g & 3) + 8 * (g >> 2)
+            q = 8 * (g & 3) + 2 * (g >> 2) + 32 * (cc & 7) + 4 * (cc >> 3)
+        e = (q + 1) * (2 * KB + 1) >> 1 if HALF else (q + 1) * KB
+        st = e + (R - 16)
+        st = tl.where(st >= R, st - R, st)
+        j = st >> 5
+        j2 = tl.where(j + 1 == WU, 0, j + 1)
+        o = (st & 31).to(tl.uint64)
+        off_hi = (c >> 4) * WU + j
+        off_lo = (c >> 4) * WU + j2
+        out_off = b * n_cols + c
+        cmask = c < n_cols
+        for t in range(TR):
+            tk = pid_r * TR + t
+            mask = cmask & (tk < tiles_k)
+            base = words_ptr + tk * row_stride
+            hi = tl.load(base + off_hi, mask=mask, other=0).to(tl.uint32, bitcast=True)
+            lo = tl.load(base + off_lo, mask=mask, other=0).to(tl.uint32, bitcast=True)
+            v = (hi.to(tl.uint64) << 32) | lo.to(tl.uint64)
+            row = out_ptr + tk * 16 * n_cols + out_off
+            for i in tl.static_range(RUN):
+                # bits from position q's state to position q+i's: q is even, so this is constant
+                D: tl.constexpr = (1 + i * (2 * KB + 1)) >> 1 if HALF else i * KB
+                s = ((v >> (48 - D - o)) & 0xFFFF).to(tl.uint32)
+                tl.store(row + ((i & 1) + 8 * (i >> 1)) * n_cols, codebook_value(s, CB), mask=mask)
+
+
+def run_length(rate) -> int:
+    """Positions per thread run: 4 while their states fit one u32 word pair, else 2 (K > 5)."""
+    last = (1 + 3 * (2 * rate.bits + 1)) >> 1 if rate.half else 3 * rate.bits
+    return 4 if last + 16 <= 33 else 2
 
 
 # (TR, BLOCK_N, num_warps); chosen per shape by a one-off timing on first use (CUDA only)
-CONFIGS = ((1, 256, 4), (2, 256, 8), (1, 512, 8), (4, 128, 8), (2, 512, 8), (4, 256, 8))
+CONFIGS = ((8, 128, 4), (4, 128, 4), (16, 128, 4), (8, 64, 4), (8, 256, 8), (16, 256, 8))
+TUNE_CALLS = 20
 _best: dict[tuple, tuple[int, int, int]] = {}
-
 
 # Compiled kernels by everything that selects a specialization. Re-launching a cached kernel
 # directly skips `JITFunction.run`'s argument binding, which costs about as much as decoding one
@@ -128,58 +184,83 @@ _compiled: dict[tuple, object] = {}
 _fast_ok = True
 
 
-def _launch(trellis, out, cb_id, rate, cfg):
+def _current_stream(device: torch.device) -> int:
+    try:
+        return torch._C._cuda_getCurrentRawStream(device.index)
+    except Exception:  # pragma: no cover - other torch builds
+        return torch.cuda.current_stream(device).cuda_stream
+
+
+def launch(words, out, table, tiles_k, n, row_stride, cb_id, rate, cfg, grid_z=1) -> None:
+    """One launch of the run decode. words: the trellis as int32 (or any tensor when grouped)."""
     global _fast_ok
     tr, bn, nw = cfg
-    k, n = out.shape
-    tiles_n = trellis.shape[1]
-    grid = (triton.cdiv(k, 16 * tr), triton.cdiv(n, bn), 1)
-    consts = (rate.words, rate.bits, rate.half, cb_id, tr, bn)
-    key = (k, n, tiles_n, consts, nw, out.device, trellis.data_ptr() % 16, out.data_ptr() % 16)
-    kernel = _compiled.get(key) if _fast_ok and out.device.type == "cuda" else None
+    grouped = table is not None
+    grid = (triton.cdiv(tiles_k, tr), triton.cdiv(n, bn), grid_z)
+    consts = (rate.words, rate.bits, rate.half, cb_id, run_length(rate), tr, bn, grouped)
+    dev = out.device
+    key = (consts, nw, dev, words.data_ptr() % 16, out.data_ptr() % 16)
+    kernel = _compiled.get(key) if _fast_ok and dev.type == "cuda" else None
+    table_arg = table if grouped else words
     if kernel is not None:
         try:
-            stream = torch.cuda.current_stream(out.device).cuda_stream
             # triton >= 3.3 launcher ABI: grid, stream, function, metadata, launch metadata,
             # enter/exit hooks, then every bound argument (constexprs included) in order.
-            kernel.run(*grid, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                       trellis, out, k, n, tiles_n, *consts)  # fmt: skip
+            kernel.run(*grid, _current_stream(dev), kernel.function, kernel.packed_metadata,
+                       None, None, None, words, out, table_arg, tiles_k, n, row_stride,
+                       *consts)  # fmt: skip
             return
         except Exception:  # another triton ABI: use the regular path from now on
             _fast_ok = False
-    kernel = _decode_kernel[grid](
-        trellis,
+    kernel = _run_decode_kernel[grid](
+        words,
         out,
-        k,
+        table_arg,
+        tiles_k,
         n,
-        tiles_n,
+        row_stride,
         WD=rate.words,
         KB=rate.bits,
         HALF=rate.half,
         CB=cb_id,
+        RUN=run_length(rate),
         TR=tr,
         BLOCK_N=bn,
+        GROUPED=grouped,
         num_warps=nw,
     )
-    if out.device.type == "cuda" and hasattr(kernel, "run") and hasattr(kernel, "function"):
+    if dev.type == "cuda" and hasattr(kernel, "run") and hasattr(kernel, "function"):
         _compiled[key] = kernel
 
 
-def _pick_config(trellis, out, cb_id, rate) -> tuple[int, int, int]:
-    key = (out.shape[0] >= 4096, out.shape[1], rate.words, cb_id, out.device)
+def as_words(trellis: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(int32 view of a trellis [tk, tn, Wd] whose tiles are contiguous, u32 words per tile row)."""
+    if trellis.stride(2) != 1 or trellis.stride(1) != trellis.shape[2] or trellis.data_ptr() % 4:
+        trellis = trellis.contiguous()
+    if trellis.data_ptr() % 4:  # pragma: no cover - torch allocations are aligned
+        trellis = trellis.clone()
+    row_stride = (
+        trellis.stride(0) // 2 if trellis.shape[0] > 1 else trellis.shape[1] * trellis.shape[2] // 2
+    )
+    return trellis.view(torch.int32), row_stride
+
+
+def pick_config(tiles_k, n, cb_id, rate, device, try_launch) -> tuple[int, int, int]:
+    """The fastest of CONFIGS for this shape and rate, timed once per process on CUDA."""
+    key = (tiles_k, n, rate.words, cb_id, device)
     cfg = _best.get(key)
     if cfg is not None:
         return cfg
-    if out.device.type != "cuda" or out.numel() < (1 << 24):
+    if device.type != "cuda" or 16 * tiles_k * n < (1 << 20):
         cfg = CONFIGS[0]
     else:
         times = []
         for cand in CONFIGS:
-            _launch(trellis, out, cb_id, rate, cand)  # compile + warm
+            try_launch(cand)  # compile + warm
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for _ in range(5):
-                _launch(trellis, out, cb_id, rate, cand)
+            for _ in range(TUNE_CALLS):
+                try_launch(cand)
             end.record()
             end.synchronize()
             times.append((start.elapsed_time(end), cand))
@@ -188,11 +269,14 @@ def _pick_config(trellis, out, cb_id, rate) -> tuple[int, int, int]:
     return cfg
 
 
-def decode_rotated(
-    trellis: torch.Tensor, codebook: str, rate, out: torch.Tensor, config=None
-) -> None:
-    """Decode trellis [tk, tn, Wd] into out fp16 [16·tk, 16·tn] on the trellis's device."""
-    trellis = trellis.contiguous()
+def decode_rotated(trellis: torch.Tensor, codebook: str, rate, out: torch.Tensor) -> None:
+    """Decode trellis [tk, tn, Wd] (tiles contiguous) into out fp16 [16·tk, 16·tn], same device."""
+    words, row_stride = as_words(trellis)
+    tiles_k = trellis.shape[0]
+    n = out.shape[1]
     cb_id = _CB_ID[codebook]
-    cfg = config if config is not None else _pick_config(trellis, out, cb_id, rate)
-    _launch(trellis, out, cb_id, rate, cfg)
+    cfg = pick_config(
+        tiles_k, n, cb_id, rate, out.device,
+        lambda cand: launch(words, out, None, tiles_k, n, row_stride, cb_id, rate, cand),
+    )  # fmt: skip
+    launch(words, out, None, tiles_k, n, row_stride, cb_id, rate, cfg)

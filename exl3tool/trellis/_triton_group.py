@@ -1,8 +1,7 @@
 """Grouped Triton kernels: one launch decodes many same-shaped matrices (all experts of a projection).
 
-* `decode_group`: Ŵ of each matrix (exllamav3's `ext.reconstruct`, bit for bit). A program decodes
-  TR tile rows x BLOCK_N columns of one matrix; the per-position terms of the state window (§3.3,
-  §3.4), identical in every tile, are computed once per program and reused for each tile row.
+* `decode_group`: Ŵ of each matrix (exllamav3's `ext.reconstruct`, bit for bit), through the
+  per-matrix run decode of `_triton` with the matrix taken from program_id(2).
 * `weight_group`: W_eff of each matrix (§5.3) in the sequential-FMA order of §5.4, fused: a program
   owns one 128 x 128 block, decodes it, runs the left Hadamard as 128 fp32 FMA steps, rounds, scales
   by suh, runs the right Hadamard the same way, rounds, scales by svh. The block's own output
@@ -27,42 +26,7 @@ if HAVE_TRITON:  # pragma: no cover - depends on the environment
     import triton
     import triton.language as tl
 
-    from exl3tool.trellis._triton import ring_window, state_value, tile_values
-
-    @triton.jit
-    def _group_decode_kernel(
-        table_ptr,
-        k_rows,
-        n_cols,
-        tiles_n,
-        WD: tl.constexpr,
-        KB: tl.constexpr,
-        HALF: tl.constexpr,
-        CB: tl.constexpr,
-        TR: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-    ):
-        pid_r = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        m = tl.program_id(2)
-        trellis_ptr = tl.load(table_ptr + 2 * m).to(tl.pointer_type(tl.int16))
-        out_ptr = tl.load(table_ptr + 2 * m + 1).to(tl.pointer_type(tl.float16))
-        r = tl.arange(0, 16)
-        c = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        cmask = (c < n_cols)[None, :]
-        # the state window of (rr, cc), shared by every tile row of this program (§3.3, §3.4)
-        w, w2, o = ring_window(r[:, None], (c & 15)[None, :], WD, KB, HALF)
-        col_off = ((c >> 4) * WD)[None, :]
-        off_a = col_off + (w ^ 1)
-        off_b = col_off + (w2 ^ 1)
-        out_off = r[:, None] * n_cols + c[None, :]
-        for i in range(TR):
-            tk = pid_r * TR + i
-            row_base = tk * tiles_n * WD
-            a = tl.load(trellis_ptr + row_base + off_a, mask=cmask, other=0)
-            b = tl.load(trellis_ptr + row_base + off_b, mask=cmask, other=0)
-            val = state_value(a, b, o, CB)
-            tl.store(out_ptr + tk * 16 * n_cols + out_off, val, mask=cmask)
+    from exl3tool.trellis._triton import tile_values
 
     @triton.jit
     def _fma32(a, b, acc, EMU: tl.constexpr):
@@ -84,6 +48,7 @@ if HAVE_TRITON:  # pragma: no cover - depends on the environment
         HALF: tl.constexpr,
         CB: tl.constexpr,
         EMU: tl.constexpr,
+        DOT: tl.constexpr,
     ):
         pid_r = tl.program_id(0)
         pid_c = tl.program_id(1)
@@ -97,48 +62,80 @@ if HAVE_TRITON:  # pragma: no cover - depends on the environment
         r_base = pid_r * 128
         c_base = pid_c * 128
         block = out_ptr + (r_base + i)[:, None] * n_out + (c_base + j)[None, :]
-        # 1. Ŵ of the block into its own output region
-        w = tile_values(
-            trellis_ptr,
-            (row0 + r_base + i)[:, None],
-            (col0 + c_base + j)[None, :],
-            tiles_n,
-            (j < 128)[None, :],
-            WD,
-            KB,
-            HALF,
-            CB,
-        )
-        tl.store(block, w)
-        tl.debug_barrier()
-        # 2. left transform: acc[i, j] = sum_t C[i, t] * Ŵ[t, j], t = 0..127, one fp32 FMA each
-        acc = tl.zeros((128, 128), dtype=tl.float32)
-        for t in range(128):
-            x = tl.load(out_ptr + (r_base + t) * n_out + c_base + j).to(tl.float32)
-            c = tl.load(had_ptr + i * 128 + t)
-            acc = _fma32(c[:, None], x[None, :], acc, EMU)
-        su = tl.load(suh_ptr + r_base + i).to(tl.float32)
-        y = (acc.to(tl.float16).to(tl.float32) * su[:, None]).to(tl.float16)
-        tl.debug_barrier()
-        # 3. the intermediate, transposed, into the region: row t of the region = column t of y
-        tl.store(out_ptr + (r_base + j)[None, :] * n_out + (c_base + i)[:, None], y)
-        tl.debug_barrier()
-        # 4. right transform: acc[i, j] = sum_t y[i, t] * C[t, j], same order
-        acc = tl.zeros((128, 128), dtype=tl.float32)
-        for t in range(128):
-            yt = tl.load(out_ptr + (r_base + t) * n_out + c_base + i).to(tl.float32)
-            c = tl.load(had_ptr + t * 128 + j)
-            acc = _fma32(yt[:, None], c[None, :], acc, EMU)
-        sv = tl.load(svh_ptr + c_base + j).to(tl.float32)
-        z = (acc.to(tl.float16).to(tl.float32) * sv[None, :]).to(tl.float16)
-        tl.debug_barrier()
-        tl.store(block, z)
+        if DOT:
+            # the same FMA chains through the FMA dot (fp32, "ieee": no tensor cores), 16 steps
+            # of t per dot; each dot continues its accumulator in t order, one tile row at a time
+            acc = tl.zeros((128, 128), dtype=tl.float32)
+            for tr in range(8):
+                t16 = tr * 16 + tl.arange(0, 16)
+                w = tile_values(
+                    trellis_ptr,
+                    (row0 + r_base + t16)[:, None],
+                    (col0 + c_base + j)[None, :],
+                    tiles_n,
+                    (j < 128)[None, :],
+                    WD,
+                    KB,
+                    HALF,
+                    CB,
+                )
+                c = tl.load(had_ptr + i[:, None] * 128 + t16[None, :])
+                acc = tl.dot(c, w.to(tl.float32), acc, input_precision="ieee")
+            su = tl.load(suh_ptr + r_base + i).to(tl.float32)
+            y = (acc.to(tl.float16).to(tl.float32) * su[:, None]).to(tl.float16)
+            tl.store(block, y)
+            tl.debug_barrier()
+            acc = tl.zeros((128, 128), dtype=tl.float32)
+            for tr in range(8):
+                t16 = tr * 16 + tl.arange(0, 16)
+                yt = tl.load(out_ptr + (r_base + i)[:, None] * n_out + (c_base + t16)[None, :])
+                c = tl.load(had_ptr + t16[:, None] * 128 + j[None, :])
+                acc = tl.dot(yt.to(tl.float32), c, acc, input_precision="ieee")
+            sv = tl.load(svh_ptr + c_base + j).to(tl.float32)
+            z = (acc.to(tl.float16).to(tl.float32) * sv[None, :]).to(tl.float16)
+            tl.debug_barrier()
+            tl.store(block, z)
+        else:
+            # 1. Ŵ of the block into its own output region
+            w = tile_values(
+                trellis_ptr,
+                (row0 + r_base + i)[:, None],
+                (col0 + c_base + j)[None, :],
+                tiles_n,
+                (j < 128)[None, :],
+                WD,
+                KB,
+                HALF,
+                CB,
+            )
+            tl.store(block, w)
+            tl.debug_barrier()
+            # 2. left transform: acc[i, j] = sum_t C[i, t] * Ŵ[t, j], t = 0..127, one fp32 FMA each
+            acc = tl.zeros((128, 128), dtype=tl.float32)
+            for t in range(128):
+                x = tl.load(out_ptr + (r_base + t) * n_out + c_base + j).to(tl.float32)
+                c = tl.load(had_ptr + i * 128 + t)
+                acc = _fma32(c[:, None], x[None, :], acc, EMU)
+            su = tl.load(suh_ptr + r_base + i).to(tl.float32)
+            y = (acc.to(tl.float16).to(tl.float32) * su[:, None]).to(tl.float16)
+            tl.debug_barrier()
+            # 3. the intermediate, transposed, into the region: row t of the region = column t of y
+            tl.store(out_ptr + (r_base + j)[None, :] * n_out + (c_base + i)[:, None], y)
+            tl.debug_barrier()
+            # 4. right transform: acc[i, j] = sum_t y[i, t] * C[t, j], same order
+            acc = tl.zeros((128, 128), dtype=tl.float32)
+            for t in range(128):
+                yt = tl.load(out_ptr + (r_base + t) * n_out + c_base + i).to(tl.float32)
+                c = tl.load(had_ptr + t * 128 + j)
+                acc = _fma32(yt[:, None], c[None, :], acc, EMU)
+            sv = tl.load(svh_ptr + c_base + j).to(tl.float32)
+            z = (acc.to(tl.float16).to(tl.float32) * sv[None, :]).to(tl.float16)
+            tl.debug_barrier()
+            tl.store(block, z)
 
 
 # matrices per launch: the grid's third dimension holds at most 65535 programs
 MAX_GROUP = 65535
-# (TR, BLOCK_N, num_warps) of the grouped decode
-DECODE_CONFIG = (4, 256, 8)
 WEIGHT_WARPS = 8
 
 
@@ -174,31 +171,27 @@ def decode_group(
     outs: Sequence[torch.Tensor],
     codebook: str,
     rate,
-    config: tuple[int, int, int] = DECODE_CONFIG,
+    config: tuple[int, int, int] | None = None,
 ) -> None:
-    """Decode each contiguous trellis [tk, tn, Wd] into its fp16 out [16·tk, 16·tn], one launch.
+    """Decode each trellis [tk, tn, Wd] into its fp16 out [16·tk, 16·tn], in one launch.
 
     All trellises share shape and rate; outs are contiguous, on the trellises' device."""
-    tr, bn, nw = config
-    tiles_k, tiles_n = trellises[0].shape[:2]
-    while tr > 1 and tiles_k % tr:
-        tr //= 2
-    k, n = 16 * tiles_k, 16 * tiles_n
-    table = _table(list(zip(trellises, outs, strict=True)), trellises[0].device)
-    grid = (tiles_k // tr, triton.cdiv(n, bn), len(trellises))
-    _group_decode_kernel[grid](
-        table,
-        k,
-        n,
-        tiles_n,
-        WD=rate.words,
-        KB=rate.bits,
-        HALF=rate.half,
-        CB=_triton._CB_ID[codebook],
-        TR=tr,
-        BLOCK_N=bn,
-        num_warps=nw,
-    )
+    tiles_k = trellises[0].shape[0]
+    n = outs[0].shape[1]
+    views = [_triton.as_words(t) for t in trellises]
+    row_stride = views[0][1]
+    if any(rs != row_stride for _, rs in views):
+        views = [_triton.as_words(t.contiguous()) for t in trellises]
+        row_stride = views[0][1]
+    words = [w for w, _ in views]
+    table = _table(list(zip(words, outs, strict=True)), words[0].device)
+    cb_id = _triton._CB_ID[codebook]
+
+    def run(cfg):
+        _triton.launch(words[0], outs[0], table, tiles_k, n, row_stride, cb_id, rate, cfg,
+                       grid_z=len(words))  # fmt: skip
+
+    run(config or _triton.pick_config(tiles_k, n, cb_id, rate, outs[0].device, run))
 
 
 def weight_group(
@@ -211,15 +204,18 @@ def weight_group(
     rate,
     row0: int = 0,
     col0: int = 0,
+    dot: bool | None = None,
 ) -> None:
     """W_eff of rows [row0, row0 + k), cols [col0, col0 + n) of each trellis into its out [k, n].
 
     trellises: contiguous, full [tk, tn, Wd], same shape and rate; suhs / svhs: fp16 [k] / [n],
     already cut to the range; had: fp32 C = H_128 / √128 [128, 128]; all on one device. Ranges lie
-    on 128 boundaries."""
+    on 128 boundaries. dot: use the FMA-dot form (default: where `dot_matches(device)`)."""
     k, n = outs[0].shape
     tiles_n = trellises[0].shape[1]
     dev = trellises[0].device
+    if dot is None:
+        dot = dot_matches(dev, had)
     table = _table(list(zip(trellises, suhs, svhs, outs, strict=True)), dev)
     grid = (k // 128, n // 128, len(trellises))
     _group_weight_kernel[grid](
@@ -234,5 +230,37 @@ def weight_group(
         HALF=rate.half,
         CB=_triton._CB_ID[codebook],
         EMU=dev.type == "cpu",
+        DOT=dot,
         num_warps=WEIGHT_WARPS,
     )
+
+
+_dot_ok: dict[torch.device, bool] = {}
+
+
+def dot_matches(device: torch.device, had: torch.Tensor) -> bool:
+    """Whether the FMA-dot form gives the loop form's W_eff bit for bit here (checked once).
+
+    The loop form issues the §5.4 FMAs one by one; the dot form relies on Triton's FMA dot
+    continuing each accumulator in t order. Only CUDA builds take it (the interpreter's dot is a
+    numpy matmul); a compile failure or any difference keeps the loop form."""
+    if device.type != "cuda":
+        return False
+    ok = _dot_ok.get(device)
+    if ok is None:
+        from exl3tool.trellis.bitstream import _check_trellis
+
+        g = torch.Generator().manual_seed(54)
+        t = torch.randint(-32768, 32768, (16, 16, 64), dtype=torch.int16, generator=g).to(device)
+        su = (torch.randn(256, generator=g) + 0.1).half().to(device)
+        sv = (torch.randn(256, generator=g) + 0.1).half().to(device)
+        outs = [torch.empty(256, 256, dtype=torch.float16, device=device) for _ in range(2)]
+        rate = _check_trellis(t)
+        try:
+            for out, form in zip(outs, (False, True), strict=True):
+                weight_group([t], [su], [sv], [out], had, "mcg", rate, dot=form)
+            ok = torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+        except Exception:  # any failure of the dot build keeps the loop form
+            ok = False
+        _dot_ok[device] = ok
+    return ok

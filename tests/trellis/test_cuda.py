@@ -96,6 +96,24 @@ def test_cuda_fused_kernel_expert_shapes(k, n):
     assert _same(kern, tc.effective_weight(t, suh, svh, "mcg", method="fma"))
 
 
+@pytest.mark.parametrize(("K", "cb"), [(3, "mcg"), (5, "mul1")])
+def test_cuda_weight_forms(K, cb):
+    """Both forms of the fused kernel, where the dot form is taken, equal the FMA emulation."""
+    from exl3tool.trellis import _triton_group
+    from exl3tool.trellis.bitstream import _check_trellis
+    from exl3tool.trellis.hadamard import hadamard_matrix
+
+    t = _rand_trellis(384, 640, K, seed=12)
+    suh, svh = _rand_scales(384, 8).cuda(), _rand_scales(640, 9).cuda()
+    ref = tc.effective_weight(t, suh, svh, cb, method="fma")
+    had = hadamard_matrix("cuda")
+    forms = (False, True) if _triton_group.dot_matches(t.device, had) else (False,)
+    for dot in forms:
+        out = torch.empty(384, 640, dtype=torch.float16, device="cuda")
+        _triton_group.weight_group([t], [suh], [svh], [out], had, cb, _check_trellis(t), dot=dot)
+        assert _same(out, ref), dot
+
+
 def test_cuda_grouped_decode_matches_single():
     """One grouped launch over mixed shapes and rates equals one decode per matrix."""
     ts = [_rand_trellis(2048, 512, K, seed=30 + i) for i, K in enumerate((2, 3, 3, 5, 2))]

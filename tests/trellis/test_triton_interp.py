@@ -58,6 +58,13 @@ SCRIPT = textwrap.dedent(
         t = torch.randint(-32768, 32768, (8, 16, words), dtype=torch.int16, generator=g)
         assert same(tc.decode_rotated(t, cb, backend="triton"),
                     tc.decode_rotated(t, cb, backend="torch")), (words, cb)
+    # partial programs (tile rows and columns past the edge), TP-style slices (row stride), K > 5
+    for words, cb in ((32, "mcg"), (96, "mul1"), (40, "mul1")):
+        t = torch.randint(-32768, 32768, (5, 5, words), dtype=torch.int16, generator=g)
+        ref = tc.decode_rotated(t, cb, backend="torch")
+        assert same(tc.decode_rotated(t, cb, backend="triton"), ref), (words, cb, "edge")
+        part = tc.decode_rotated(t, cb, rows=(16, 64), cols=(32, 80), backend="triton")
+        assert same(part, ref[16:64, 32:80]), (words, cb, "slice")
     # the public grouped calls over mixed shapes and rates: one launch per (shape, K)
     mix = [torch.randint(-32768, 32768, shape, dtype=torch.int16, generator=g)
            for shape in ((16, 24, 32), (8, 16, 48), (16, 24, 32), (8, 16, 32))]
