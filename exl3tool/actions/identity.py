@@ -81,6 +81,8 @@ def hash_artifact(
 def identity_findings(h: Hashed, findings: Findings, label: str) -> None:
     """What the identity itself says is wrong: reassembly defects, an MSRT base's incomplete
     compatibility identity or one that differs from the published one."""
+    if not h.identity.problems and h.kind is not Kind.MSRT_BASE:
+        return  # the usual case: no need to load the comparison code
     from exl3tool.identity.compare import problem_findings, published_findings
     from exl3tool.rules import identity as ir
 

@@ -19,14 +19,20 @@ def entry() -> None:
     try:
         gc.disable()  # the start-up imports make ~40k long-lived objects and no garbage
         try:
-            if _wants_help(sys.argv[1:]):
-                from exl3tool.cli.lean_rich import import_rich_utils
+            from exl3tool.cli.plain import plain_command
 
-                import_rich_utils()  # typer's help renderer, ~40 ms lighter (same output)
-            from exl3tool.cli.main import app
+            command = plain_command(sys.argv[1:])  # a plain line of a hot command: no typer
+            if command is None:
+                if _wants_help(sys.argv[1:]):
+                    from exl3tool.cli.lean_rich import import_rich_utils
+
+                    import_rich_utils()  # typer's help renderer, ~40 ms lighter (same output)
+                from exl3tool.cli.main import app
         finally:
             gc.freeze()  # the command's collections need not walk them again
             gc.enable()
+        if command is not None:
+            raise SystemExit(command())
         app(prog_name="exl3tool")
     except (KeyboardInterrupt, signals.Interrupted) as exc:
         raise SystemExit(signals.say(exc)) from None

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from exl3tool.formats.exl3 import k_of_last_dim
 from exl3tool.formats.tail import config_tail
-from exl3tool.identity.compat import ROOT_SCHEMA, CompatIdentity
 from exl3tool.identity.engine import ALGORITHMS
 from exl3tool.identity.fast import OTHER, SCHEMA, Identity, parse_layers
 from exl3tool.io.jsonfile import read_json
 from exl3tool.rules import identity as ir
 from exl3tool.rules.errors import InputError
 from exl3tool.rules.registry import Findings
+
+if TYPE_CHECKING:
+    from exl3tool.identity.compat import CompatIdentity
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -49,7 +50,11 @@ def record_problem(doc: Any) -> str | None:
         except Exception:
             return f"'selection' {sel!r} is not a --layers spec"
     c = doc.get("compatibility")
-    if c is not None and not (
+    if c is None:
+        return None
+    from exl3tool.identity.compat import ROOT_SCHEMA  # hashlib and the K tables: only here
+
+    if not (
         isinstance(c, dict)
         and c.get("schema") == ROOT_SCHEMA
         and _hex_map(c.get("layers"))
@@ -220,6 +225,8 @@ def _compat_json(c: Any) -> Any:
 def _k(t: Any) -> Any:
     shape = t.get("shape") if isinstance(t, dict) else None
     if isinstance(shape, list) and len(shape) == 3 and isinstance(shape[-1], int):
+        from exl3tool.formats.exl3 import k_of_last_dim
+
         return k_of_last_dim(shape[-1])
     return None
 

@@ -18,7 +18,6 @@ Only blake3 jobs use leases (MAPPED); EXL3TOOL_NO_LEASE=1 reads every file with 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import mmap
 import os
 import threading
@@ -92,6 +91,8 @@ def new_hasher(algo: str, threads: int = 1) -> Hasher:
     """A fresh hasher; `threads > 1` lets one blake3 hasher use several cores."""
     check_algo(algo)
     if algo == "sha256":
+        import hashlib  # OpenSSL's start-up (2-5 ms): only where sha256 is asked for
+
         return hashlib.sha256()
     import blake3
 
@@ -185,6 +186,8 @@ def _constructor(algo: str) -> Any:
     """The one-thread hasher factory of `algo` (resolved once, not per tensor)."""
     check_algo(algo)
     if algo == "sha256":
+        import hashlib
+
         return hashlib.sha256
     import blake3
 

@@ -131,10 +131,10 @@ def select(plan: LogicalPlan, layers: Collection[str] | None) -> LogicalPlan:
 
 def planned_bytes(plan: LogicalPlan, algo: str, compat: bool | None = None) -> int:
     """Bytes `compute_identity` will hash for this (selected) plan: sizes a progress bar."""
-    from exl3tool.identity.compat import prepare
-
     n = plan.nbytes + sum(r.info.nbytes for refs in plan.replicas.values() for r in refs)
     if algo != "sha256" and compat is not False:
+        from exl3tool.identity.compat import prepare
+
         cp = prepare(plan)
         if cp.k is not None and (compat or not cp.problems):
             n += cp.nbytes
