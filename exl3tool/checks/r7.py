@@ -8,13 +8,15 @@ Digests are recomputed only under `--hash`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from exl3tool.checks.digests import Digests
 from exl3tool.checks.exl3_linear import check_linears, flush_payload_checks
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.payload import FiniteCheck, RandomAccessReader, Scan
 from exl3tool.checks.r7_block import check_block, check_quant_configs
 from exl3tool.checks.r7_experts import ExpertsContext, check_experts, check_out_of_range
-from exl3tool.checks.r7_manifests import check_layer_manifests
+from exl3tool.checks.r7_manifests import check_layer_manifests, layer_results
 from exl3tool.checks.r7_seal import check_checkpoint_manifest
 from exl3tool.checks.rank_sliced import (
     TailContext,
@@ -22,6 +24,7 @@ from exl3tool.checks.rank_sliced import (
     report_missing_expert_count,
 )
 from exl3tool.checks.routers import check_routers
+from exl3tool.checks.worker import Forked, can_fork
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import expert_count, expert_table
@@ -83,24 +86,36 @@ def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> 
     finite = FiniteCheck()
     rejected = ckpt.damaged_shards | ckpt.rejected_files
     digests = Digests(ckpt.root, options, rejected) if options.hash else None
-    with RandomAccessReader() as reader:
-        scan = Scan(findings, reader, finite)
-        if block is not None and n_exp is not None:
-            ctx = ExpertsContext(table, block, n_exp, hidden, inter, ckpt.shards, scan)
-            payload = check_experts(ctx)
-            check_out_of_range(table, block, n_exp, tail.moe_layers if tail else None, findings)
-            if isinstance(qc["r7_routed_experts"], dict):
-                check_layer_manifests(ckpt, block, qc, payload, findings, digests=digests)
-        if raw is not None:
-            if tail is not None:
-                _check_tail_role(tail, block, findings)
-            tail_ctx = TailContext("config.json", POINTER, hidden, inter, n_exp, options.tp)
-            check_tail(ckpt, raw, table, tail_ctx, scan)
-        if block is not None:
-            check_routers(ckpt, block.layers, n_exp, hidden, rule=r7.R7_ROUTER, findings=findings)
-        others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
-        check_linears(group_linears(others), ckpt.tensors, findings, reader, finite)
-        flush_payload_checks(reader, finite, findings)
+    manifests = block is not None and n_exp is not None
+    manifests = manifests and isinstance(qc["r7_routed_experts"], dict)
+    # The manifests' payload-free part (most of their cost) runs in a worker next to the expert
+    # and payload checks; their findings keep their place, before the tail's (`later`).
+    parallel = manifests and digests is None and can_fork(options.threads)
+    with Forked(lambda: layer_results(ckpt, block, keep=digests is not None), parallel) as work:
+        later = Findings() if manifests else findings
+        with RandomAccessReader() as reader:
+            scan = Scan(findings, reader, finite)
+            if block is not None and n_exp is not None:
+                ctx = ExpertsContext(table, block, n_exp, hidden, inter, ckpt.shards, scan)
+                payload = check_experts(ctx)
+                check_out_of_range(table, block, n_exp, tail.moe_layers if tail else None, findings)
+            scan = replace(scan, findings=later)
+            if raw is not None:
+                if tail is not None:
+                    _check_tail_role(tail, block, later)
+                tail_ctx = TailContext("config.json", POINTER, hidden, inter, n_exp, options.tp)
+                check_tail(ckpt, raw, table, tail_ctx, scan)
+            if block is not None:
+                check_routers(ckpt, block.layers, n_exp, hidden, rule=r7.R7_ROUTER, findings=later)
+            others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
+            check_linears(group_linears(others), ckpt.tensors, later, reader, finite)
+            flush_payload_checks(reader, finite, later)
+        if manifests:
+            results = work.result()
+            check_layer_manifests(
+                ckpt, block, qc, payload, findings, digests=digests, results=results
+            )
+            findings.extend(later)
     check_checkpoint_manifest(ckpt, findings, digests)
     if digests is None:
         findings.add(

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exl3tool.checks.budget import check_declared
 from exl3tool.checks.digests import Digests, sha_ok
+from exl3tool.checks.worker import Row, from_rows, rows
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.r7 import Block, R7Payload, layer_manifest, layer_shard
 from exl3tool.io.schemas import schema_errors
@@ -107,6 +108,65 @@ def _check_listing(block: Block, qc: dict, findings: Findings) -> None:
         )
 
 
+@dataclass(frozen=True)
+class LayerResult:
+    """What one layer's manifest gives before the payload is known: the findings of its load,
+    schema, identity and payload names (`before`), its bit_map to hold against the payload K
+    (`bit_map`), then its provenance findings (`after`). `lm` is the whole manifest, kept only
+    for the digests of `--hash`."""
+
+    before: tuple[Row, ...]
+    bit_map: tuple[LayerManifest, dict] | None
+    after: tuple[Row, ...]
+    lm: LayerManifest | None
+
+
+@dataclass(frozen=True)
+class ManifestResults:
+    """`layer_results` of every layer, as plain data (it may come from a forked worker)."""
+
+    listed: tuple[Row, ...]  # what `_layers` reported
+    layers: tuple[LayerResult, ...]
+    rejected: frozenset[str]  # manifests that could not be used (Checkpoint.rejected_files)
+
+
+def layer_results(ckpt: Checkpoint, block: Block, *, keep: bool) -> ManifestResults:
+    """Load and check every per-layer manifest of moe_layers as far as that needs no payload
+    (the costly part: 52 MB of JSON on GLM-5.2). `keep` keeps each whole manifest (digests);
+    else only what `_check_bit_map` reads of it."""
+    before_rejected = set(ckpt.rejected_files)
+    listed = Findings()
+    out = []
+    for layer in _layers(ckpt, block, listed):
+        before, after = Findings(), Findings()
+        lm = _load(ckpt, layer, before)
+        if lm is None:
+            out.append(LayerResult(rows(before), None, (), None))
+            continue
+        _check_identity(lm, before)
+        _check_payload_names(ckpt, lm, before)
+        bm = lm.man.get("bit_map")
+        deferred = None
+        if isinstance(bm, dict) and "bit_map" not in lm.bad:
+            slim = lm if keep else replace(lm, man=_bit_map_fields(lm.man))
+            deferred = (slim, bm)
+        absent = [k for k in MANIFEST_OPTIONAL if k not in lm.man]
+        if absent:
+            after.add(
+                r7.R7_PROVENANCE,
+                f"absent: {', '.join(absent)}",
+                file=lm.name,
+                pointer=pointer_join("", absent[0]),
+            )
+        out.append(LayerResult(rows(before), deferred, rows(after), lm if keep else None))
+    rejected = frozenset(ckpt.rejected_files - before_rejected)
+    return ManifestResults(rows(listed), tuple(out), rejected)
+
+
+def _bit_map_fields(man: dict) -> dict:
+    return {k: man[k] for k in ("allocation_bit_units",) if k in man}
+
+
 def check_layer_manifests(
     ckpt: Checkpoint,
     block: Block,
@@ -115,25 +175,23 @@ def check_layer_manifests(
     findings: Findings,
     *,
     digests: Digests | None,
+    results: ManifestResults | None = None,
 ) -> None:
-    """Every per-layer manifest of moe_layers (§4); their digests under `--hash`."""
+    """Every per-layer manifest of moe_layers (§4); their digests under `--hash`. `results`:
+    `layer_results` computed earlier (by a worker), else they are computed here."""
     _check_listing(block, qc, findings)
+    if results is None:
+        results = layer_results(ckpt, block, keep=digests is not None)
+    ckpt.rejected_files.update(results.rejected)
+    findings.extend(from_rows(results.listed))
     work = _DigestWork()
-    for layer in _layers(ckpt, block, findings):
-        lm = _load(ckpt, layer, findings)
-        if lm is None:
-            continue
-        _check_semantics(ckpt, lm, payload, findings)
-        absent = [k for k in MANIFEST_OPTIONAL if k not in lm.man]
-        if absent:
-            findings.add(
-                r7.R7_PROVENANCE,
-                f"absent: {', '.join(absent)}",
-                file=lm.name,
-                pointer=pointer_join("", absent[0]),
-            )
-        if digests is not None:
-            _collect_digests(ckpt, lm, work)
+    for res in results.layers:
+        findings.extend(from_rows(res.before))
+        if res.bit_map is not None:
+            _check_bit_map(*res.bit_map, payload, findings)
+        findings.extend(from_rows(res.after))
+        if digests is not None and res.lm is not None:
+            _collect_digests(ckpt, res.lm, work)
     if digests is not None:
         _check_digests(work, findings, digests)
 
@@ -200,16 +258,6 @@ def _check_digests(work: _DigestWork, findings: Findings, digests: Digests) -> N
                 file=name,
                 pointer="/shard_sha256",
             )
-
-
-def _check_semantics(
-    ckpt: Checkpoint, lm: LayerManifest, payload: R7Payload, findings: Findings
-) -> None:
-    _check_identity(lm, findings)
-    _check_payload_names(ckpt, lm, findings)
-    bm = lm.man.get("bit_map")
-    if isinstance(bm, dict) and "bit_map" not in lm.bad:
-        _check_bit_map(lm, bm, payload, findings)
 
 
 def _check_identity(lm: LayerManifest, findings: Findings) -> None:

@@ -1,0 +1,147 @@
+"""One check run in a forked child while the parent goes on with the others (a second core).
+
+The child only computes: it returns plain data through a pipe (findings as `rows`), and the
+parent decides what to do with it. Whenever the child cannot be used (no fork, one core,
+`--threads 1`, other threads running, the child died, raised, was killed or did not answer in
+`TIMEOUT_S`) the parent runs the same function itself, so results never depend on whether a
+child ran. The child is always reaped: `close` (also on an exception or an interrupt in the
+parent) kills it if it still runs and waits for it; SIGINT and SIGTERM kill the child outright.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+from exl3tool.rules.registry import Finding, Location, Severity, get_rule
+
+T = TypeVar("T")
+TIMEOUT_S = 300.0  # then the parent stops waiting and runs the function itself
+_CHUNK = 1 << 20
+Row = tuple[str, str, "str | None", "str | None", "str | None", "str | None"]
+
+
+def rows(findings: Iterable[Finding]) -> tuple[Row, ...]:
+    """Findings as plain tuples (rules by code: a pickled Rule would be a copy, not the rule)."""
+    out = []
+    for f in findings:
+        loc, sev = f.location, f.severity
+        out.append((f.rule.code, f.message, loc.file, loc.tensor, loc.pointer, sev and sev.value))
+    return tuple(out)
+
+
+def from_rows(items: Iterable[Row]) -> list[Finding]:
+    return [
+        Finding(get_rule(code), msg, Location(file, tensor, ptr), Severity(sev) if sev else None)
+        for code, msg, file, tensor, ptr, sev in items
+    ]
+
+
+def can_fork(threads: int | None) -> bool:
+    """Whether a forked child may run next to this process: Linux, more than one core usable,
+    not `--threads 1`, and no other thread (a fork copies locks other threads may hold)."""
+    if threads == 1 or sys.platform != "linux" or not hasattr(os, "fork"):
+        return False
+    return len(os.sched_getaffinity(0)) > 1 and threading.active_count() == 1
+
+
+class Forked(Generic[T]):
+    """`fn()` computed by a forked child (when `parallel`) or else by `result` itself."""
+
+    def __init__(self, fn: Callable[[], T], parallel: bool) -> None:
+        self._fn = fn
+        self._pid = 0
+        self._fd = -1
+        self._deadline = 0.0
+        if parallel:
+            self._start()
+
+    def _start(self) -> None:
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:  # no memory or process slots for a child: the parent computes it
+            os.close(r)
+            os.close(w)
+            return
+        if pid == 0:  # the child: compute, write, leave without running any of the parent's exits
+            code = 1
+            try:
+                os.close(r)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                data = pickle.dumps(self._fn(), protocol=pickle.HIGHEST_PROTOCOL)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(w, view[:_CHUNK]) :]
+                code = 0
+            except BaseException:  # the parent computes it again (and reports what it raises)
+                pass
+            finally:
+                os._exit(code)
+        os.close(w)
+        self._pid, self._fd = pid, r
+        self._deadline = time.monotonic() + TIMEOUT_S
+
+    def result(self) -> T:
+        """The child's value, or `fn()` computed here when the child gave none."""
+        data = self._collect() if self._pid else None
+        if data is None:
+            return self._fn()
+        return pickle.loads(data)  # our own child's bytes, over a pipe only it could write
+
+    def _collect(self) -> bytes | None:
+        chunks: list[bytes] = []
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        while True:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                return None
+            if not poller.poll(left * 1000):
+                continue
+            chunk = os.read(self._fd, _CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        status = self._reap(kill=False)
+        return b"".join(chunks) if status == 0 else None
+
+    def _reap(self, kill: bool) -> int:
+        """Wait for the child (killed first when `kill`); its exit code, -1 when unknown. The
+        pid is forgotten only once reaped, so an interrupt here still leaves `close` to do it."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        pid = self._pid
+        if not pid:
+            return -1
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler): no status
+            status = -1
+        self._pid = 0
+        return -1 if status == -1 else os.waitstatus_to_exitcode(status)
+
+    def close(self) -> None:
+        """Kill the child if it still runs and reap it (idempotent)."""
+        if self._pid or self._fd >= 0:
+            self._reap(kill=True)
+
+    def __enter__(self) -> Forked[T]:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

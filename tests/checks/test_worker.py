@@ -1,0 +1,201 @@
+"""The forked check worker: its value equals the in-process one; a child that raises, dies or
+does not answer is replaced by the parent's own run; the child is always reaped; an interrupt
+still ends the command with 130/143; R7 manifests give the same findings forked or not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from checks_fixtures import copy, edit_json
+
+from exl3tool.actions.validate import validate_path
+from exl3tool.checks import worker
+from exl3tool.checks.options import ValidateOptions
+from exl3tool.checks.worker import Forked, from_rows, rows
+from exl3tool.rules import r7 as r7_rules
+from exl3tool.rules.registry import Findings
+
+needs_fork = pytest.mark.skipif(
+    sys.platform != "linux" or not hasattr(os, "fork"), reason="the worker forks on Linux only"
+)
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+@needs_fork
+def test_value_comes_from_the_child_and_the_child_is_reaped() -> None:
+    with Forked(os.getpid, parallel=True) as work:
+        pid = work._pid
+        got = work.result()
+    assert got == pid != os.getpid()
+    assert _reaped(pid)
+
+
+def test_not_parallel_runs_in_process() -> None:
+    with Forked(os.getpid, parallel=False) as work:
+        assert work._pid == 0
+        assert work.result() == os.getpid()
+
+
+@needs_fork
+@pytest.mark.parametrize("how", ["raise", "exit", "kill", "unpicklable"])
+def test_a_failed_child_is_replaced_by_the_parent(how: str) -> None:
+    parent = os.getpid()
+
+    def fn() -> object:
+        if os.getpid() != parent:
+            if how == "raise":
+                raise RuntimeError("child")
+            if how == "exit":
+                os._exit(3)
+            if how == "kill":
+                os.kill(os.getpid(), 9)
+            return lambda: None  # cannot be pickled
+        return "parent"
+
+    with Forked(fn, parallel=True) as work:
+        pid = work._pid
+        assert work.result() == "parent"
+    assert _reaped(pid)
+
+
+@needs_fork
+def test_a_child_past_the_deadline_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker, "TIMEOUT_S", 0.2)
+    parent = os.getpid()
+    r, w = os.pipe()
+
+    def fn() -> str:
+        if os.getpid() != parent:
+            os.read(r, 1)  # never written: blocks until killed
+        return "parent"
+
+    try:
+        with Forked(fn, parallel=True) as work:
+            pid = work._pid
+            assert work.result() == "parent"
+        assert _reaped(pid)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@needs_fork
+def test_an_exception_in_the_parent_kills_and_reaps_the_child() -> None:
+    r, w = os.pipe()
+    pid = 0
+    try:
+        with pytest.raises(KeyboardInterrupt), Forked(lambda: os.read(r, 1), parallel=True) as work:
+            pid = work._pid
+            raise KeyboardInterrupt
+        assert pid and _reaped(pid)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@needs_fork
+@pytest.mark.parametrize(("sig", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupt_exits_130_143_and_leaves_no_child(sig: str, code: int) -> None:
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        from exl3tool.cli import signals
+        from exl3tool.checks.worker import Forked
+        signals.install()
+        r, w = os.pipe()
+        work = None
+        try:
+            with Forked(lambda: os.read(r, 1), parallel=True) as work:
+                os.kill(os.getpid(), signal.{sig})
+                work.result()
+        except BaseException as exc:
+            try:
+                os.waitpid(work._pid or -1, os.WNOHANG)
+                print("child left")
+            except ChildProcessError:
+                print("reaped")
+            sys.exit(signals.say(exc))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout.strip() == "reaped"
+
+
+def test_rows_round_trip() -> None:
+    f = Findings()
+    f.add(r7_rules.R7_BIT_MAP, "m", file="a.json", tensor="t", pointer="/bit_map/t")
+    f.add(r7_rules.R7_PROVENANCE, "p", file="a.json", severity="info")
+    again = from_rows(rows(f))
+    assert again == list(f)
+    assert all(a.rule is b.rule for a, b in zip(again, f, strict=True))
+
+
+def _manifest_mutations(root: Path) -> None:
+    """Every kind of manifest defect: JSON, schema, identity, payload names, bit_map, files."""
+    m1, m2 = root / "r7-experts-layer-001.json", root / "r7-experts-layer-002.json"
+
+    def first(man: dict) -> None:
+        bm = man["bit_map"]
+        key = next(iter(bm))
+        bm[key] = 9 - bm[key]
+        bm["model.layers.1.mlp.experts.0.nope_proj"] = 2
+        man["payload_sha256"]["model.layers.1.mlp.experts.999.x"] = "0" * 64
+        man["layer"] = 7
+        man.pop("recipe_version", None)
+
+    edit_json(m1, first)
+    text = m2.read_text()
+    m2.write_text(text.replace('"layer"', '"layer": 2, "layer"', 1))  # a duplicate key
+
+
+def _report(root: Path, threads: int | None) -> list[dict]:
+    ref, findings = validate_path(root, ValidateOptions(hash=False, threads=threads))
+    ref.extra.pop("seconds")
+    return [ref.extra, *(f.to_json() for f in findings)]
+
+
+@needs_fork
+@pytest.mark.parametrize("defect", ["pristine", "mutated", "syntax", "missing", "fifo"])
+def test_manifest_findings_are_the_same_forked_or_not(
+    pristine: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, defect: str
+) -> None:
+    root = copy(pristine["r7"], tmp_path / "r7")
+    m2 = root / "r7-experts-layer-002.json"
+    if defect == "mutated":
+        _manifest_mutations(root)
+    elif defect == "syntax":
+        m2.write_text(m2.read_text()[:-20])
+    elif defect == "missing":
+        m2.unlink()
+    elif defect == "fifo":
+        m2.unlink()
+        os.mkfifo(m2)
+    forked = []
+    original_start = Forked._start
+
+    def start(self: Forked) -> None:
+        original_start(self)
+        forked.append(self._pid)
+
+    monkeypatch.setattr(Forked, "_start", start)
+    monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
+    monkeypatch.setattr("exl3tool.checks.r7.can_fork", lambda threads: threads != 1)
+    alone = _report(root, threads=1)
+    assert not forked
+    both = _report(root, threads=None)
+    assert forked and forked[0] > 0
+    assert json.dumps(both) == json.dumps(alone)
+    if defect != "pristine":
+        assert len(alone) > 2
