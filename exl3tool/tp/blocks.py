@@ -7,12 +7,15 @@ consumer then takes its pieces from the same block buffer (issue 17: at TP N eac
 read N times, once per rank stream). A stream holding several slices of one tensor that spans
 several blocks (the rank-sliced layout writes them one after the other) reads those slices on
 its own (`OWN`), as does every consumer of a tensor whose rows do not fit a block.
+
+`iter_blocks` yields each block as soon as no later tensor can add to it, so the reader can
+start on the first blocks while the rest are planned.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -59,20 +62,28 @@ class Block:
 
 @dataclass
 class _Planner:
+    """Blocks in source order; only the last one can still grow or take pieces, the ones
+    before it are `ready` (final)."""
+
     size: int
     consumers: int
-    blocks: list[Block] = field(default_factory=list)
+    ready: list[Block] = field(default_factory=list)
+    last: Block | None = None
+
+    def _new(self, file: str, start: int, end: int) -> Block:
+        if self.last is not None:
+            self.ready.append(self.last)
+        self.last = Block(file, start, end, [[] for _ in range(self.consumers)])
+        return self.last
 
     def current(self, file: str, start: int) -> Block:
         """The block to attach pieces that read nothing (a new empty one if there is none)."""
-        if not self.blocks:
-            self.blocks.append(Block(file, start, start, [[] for _ in range(self.consumers)]))
-        return self.blocks[-1]
+        return self.last if self.last is not None else self._new(file, start, start)
 
     def place(self, file: str, start: int, nbytes: int, *, alone: bool) -> Block:
         """The block that reads [start, start + nbytes) of `file`: the current one extended
         when the bytes follow it and fit, else a new one (always new with `alone`)."""
-        cur = self.blocks[-1] if self.blocks else None
+        cur = self.last
         if cur is not None and cur.nbytes == 0:  # only pieces that read nothing so far
             cur.file, cur.start, cur.end = file, start, start + nbytes
             return cur
@@ -85,9 +96,7 @@ class _Planner:
         ):
             cur.end += nbytes
             return cur
-        blk = Block(file, start, start + nbytes, [[] for _ in range(self.consumers)])
-        self.blocks.append(blk)
-        return blk
+        return self._new(file, start, start + nbytes)
 
 
 def _slice_piece(s: TensorSlice, item: int, p0: int, p1: int, off: int) -> Piece | None:
@@ -119,7 +128,20 @@ def plan_blocks(
     hashers: int,
     size: int,
 ) -> list[Block]:
-    """Blocks of at most `size` bytes over the source tensors in `order`.
+    """Every block of `iter_blocks`, as a list."""
+    return list(iter_blocks(ckpt, order, flat, hashed, hashers, size))
+
+
+def iter_blocks(
+    ckpt: Checkpoint,
+    order: Sequence[str],
+    flat: Sequence[Sequence[tuple[int, TensorSlice]]],
+    hashed: set[str],
+    hashers: int,
+    size: int,
+) -> Iterator[Block]:
+    """Blocks of at most `size` bytes over the source tensors in `order`, each yielded once
+    final.
 
     `flat[w]`: stream w's (source index, slice) in write order (source order). Consumers are
     the streams, then `hashers` source hashers; a tensor of `hashed` goes to hasher k % hashers
@@ -185,4 +207,8 @@ def plan_blocks(
             if h is not None and not own_hash:
                 blk.pieces[h].append(Piece(CONTIG, off, p1 - p0, 1, p1 - p0, i, p0 == 0, p1 == n))
         blocks[-1].done_bytes += n
-    return plan.blocks
+        if plan.ready:
+            yield from plan.ready
+            plan.ready.clear()
+    if plan.last is not None:
+        yield plan.last

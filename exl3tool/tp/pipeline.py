@@ -4,18 +4,18 @@ is done with it (a reference count per block). The reader runs at most `depth - 
 ahead of the slowest consumer, so memory is `depth` buffers whatever the source size.
 
 pread, numpy copies, hashing and writes release the GIL, so the reader and the consumers
-(one thread each) overlap on as many cores as there are.
+(one thread each) overlap on as many cores as there are. The blocks may be an iterator that
+plans them as it goes (`tp.blocks.iter_blocks`): the reader thread draws them, so the first
+blocks are read (and written) while the later ones are still planned.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 import numpy as np
-
-from exl3tool.io.workers import run_threads
 
 B = TypeVar("B")
 Read = Callable[[B, np.ndarray], None]  # fill the buffer with the block's bytes
@@ -26,7 +26,8 @@ class _Pool(Generic[B]):
     def __init__(self, depth: int, size: int, consumers: int, done: Callable[[B], None]) -> None:
         self._cond = threading.Condition()
         self._free = [np.empty(size, dtype=np.uint8) for _ in range(depth)]
-        self._ready: dict[int, list] = {}  # block index -> [buffer, consumers left]
+        self._ready: dict[int, list] = {}  # block index -> [block, buffer, consumers left]
+        self._count: int | None = None  # blocks in all, once the reader has seen the last
         self._consumers = consumers
         self._done = done
         self.failed = False
@@ -37,25 +38,34 @@ class _Pool(Generic[B]):
                 self._cond.wait()
             return None if self.failed else self._free.pop()
 
-    def publish(self, b: int, buf: np.ndarray) -> None:
+    def publish(self, b: int, block: B, buf: np.ndarray) -> None:
         with self._cond:
-            self._ready[b] = [buf, self._consumers]
+            self._ready[b] = [block, buf, self._consumers]
             self._cond.notify_all()
 
-    def get(self, b: int) -> np.ndarray | None:
+    def end(self, count: int) -> None:
         with self._cond:
-            while not self.failed and b not in self._ready:
-                self._cond.wait()
-            return None if self.failed else self._ready[b][0]
+            self._count = count
+            self._cond.notify_all()
 
-    def release(self, b: int, block: B) -> None:
+    def get(self, b: int) -> tuple[B, np.ndarray] | None:
+        """Block `b` and its buffer; None after the last block, or once a thread failed."""
+        with self._cond:
+            while not self.failed and b not in self._ready and self._count is None:
+                self._cond.wait()
+            if self.failed or b not in self._ready:
+                return None
+            entry = self._ready[b]
+            return entry[0], entry[1]
+
+    def release(self, b: int) -> None:
         with self._cond:
             entry = self._ready[b]
-            entry[1] -= 1
-            if entry[1] == 0:
+            entry[2] -= 1
+            if entry[2] == 0:
                 del self._ready[b]
-                self._free.append(entry[0])
-                self._done(block)
+                self._free.append(entry[1])
+                self._done(entry[0])
                 self._cond.notify_all()
 
     def fail(self) -> None:
@@ -65,7 +75,7 @@ class _Pool(Generic[B]):
 
 
 def run_pipeline(
-    blocks: Sequence[B],
+    blocks: Iterable[B],
     read: Read[B],
     consumers: Sequence[Take[B]],
     *,
@@ -73,13 +83,17 @@ def run_pipeline(
     depth: int,
     threaded: bool,
     done: Callable[[B], None],
+    meanwhile: Callable[[], None] | None = None,
 ) -> None:
     """Read every block into a `size`-byte buffer and give it to each consumer, in order.
 
     `threaded`: the reader and each consumer in a thread of their own, `depth` buffers;
     otherwise one buffer, everything in this thread. `done(block)` runs once per block, after
-    its last consumer. The first error of any thread is raised here, the others stop."""
+    its last consumer. `meanwhile()` runs in this thread while the others work (first, when
+    not threaded). The first error of any thread is raised here, the others stop."""
     if not threaded:
+        if meanwhile is not None:
+            meanwhile()
         buf = np.empty(size, dtype=np.uint8)
         for blk in blocks:
             read(blk, buf)
@@ -90,28 +104,47 @@ def run_pipeline(
     pool: _Pool[B] = _Pool(max(2, depth), size, len(consumers), done)
 
     def reader() -> None:
-        for b, blk in enumerate(blocks):
+        b = 0
+        for blk in blocks:
             buf = pool.acquire()
             if buf is None:
                 return
             read(blk, buf)
-            pool.publish(b, buf)
+            pool.publish(b, blk, buf)
+            b += 1
+        pool.end(b)
 
     def consumer(take: Take[B]) -> None:
-        for b, blk in enumerate(blocks):
-            buf = pool.get(b)
-            if buf is None:
-                return
-            take(blk, buf)
-            pool.release(b, blk)
+        b = 0
+        while (got := pool.get(b)) is not None:
+            take(got[0], got[1])
+            pool.release(b)
+            b += 1
+
+    errors: list[BaseException] = []
 
     def guarded(fn: Callable[[], None]) -> None:
         try:
             fn()
-        except BaseException:
-            pool.fail()  # the others stop waiting; run_threads re-raises this one
-            raise
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+            pool.fail()  # the others stop waiting
 
-    targets = [lambda: guarded(reader)]
-    targets += [lambda c=c: guarded(lambda: consumer(c)) for c in consumers]
-    run_threads(targets, "exl3slice")
+    targets = [reader, *(lambda c=c: consumer(c) for c in consumers)]
+    threads = [
+        threading.Thread(target=guarded, args=(t,), name=f"exl3slice-{i}", daemon=True)
+        for i, t in enumerate(targets)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        if meanwhile is not None:
+            meanwhile()
+    except BaseException:
+        pool.fail()
+        raise
+    finally:
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]

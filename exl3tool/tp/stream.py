@@ -34,8 +34,8 @@ from exl3tool.identity.engine import default_threads, new_hasher
 from exl3tool.io.safetensors import FileStamp
 from exl3tool.io.st_writer import TensorSpec, build_header
 from exl3tool.io.views import InputChanged, PayloadFile
-from exl3tool.tp.blocks import OWN, ROWS, Block, Piece, plan_blocks
-from exl3tool.tp.outfile import StagedFile, stage_buffer
+from exl3tool.tp.blocks import OWN, ROWS, Block, Piece, iter_blocks
+from exl3tool.tp.outfile import StagedFile, Stages
 from exl3tool.tp.pipeline import run_pipeline
 from exl3tool.tp.slices import ByteLayout, TensorSlice
 
@@ -43,6 +43,7 @@ CHUNK = 8 << 20  # bytes per pread / write / gather buffer (less with many consu
 BUFFER_BUDGET = 256 << 20  # all consumers' buffers together, whatever the TP size
 DEPTH = 4  # pooled block buffers: the reader runs at most DEPTH - 1 blocks ahead
 DIRECT = True  # output files with O_DIRECT where the file system takes it (tp/outfile.py)
+STAGES = 2  # stage buffers per stream: one filled and hashed while the other is written
 WRITEBACK = 64 << 20  # output bytes between asynchronous writeback starts
 DIRECT_RUN = 256 << 10  # strided runs at least this long are read one by one (no over-read)
 
@@ -209,7 +210,7 @@ class _Stream:
     _file: StagedFile | None = None
     _hashers: list = field(default_factory=list)
     _bufs: ChunkBuffers | None = None  # for the slices it reads on its own (blocks.OWN)
-    _stage: np.ndarray | None = None  # every byte of the open part passes through it
+    _stages: Stages | None = None  # every byte of the open part passes through them
 
     def _open_next(self) -> None:
         self._close_current()
@@ -217,11 +218,11 @@ class _Stream:
         part = self.parts[self._part]
         path = self.root / part.path
         path.parent.mkdir(parents=True, exist_ok=True)
-        if self._stage is None:
-            self._stage = stage_buffer(self.chunk)
+        if self._stages is None:
+            self._stages = Stages(self.chunk, STAGES)
         self._hashers = [new_hasher(a, self.hash_threads) for a in self.algos]
         self._file = StagedFile(
-            path, self._stage, self._hashers, start_writeback, WRITEBACK, direct=DIRECT
+            path, self._stages, self._hashers, start_writeback, WRITEBACK, direct=DIRECT
         )
         header = part.header()
         self._file.put(header)
@@ -259,8 +260,11 @@ class _Stream:
         self._left -= 1
 
     def take(self, pieces: Sequence[Piece], buf: np.ndarray, src: _Source) -> None:
-        """Append this stream's pieces of one block read into `buf` (blocks.plan_blocks):
-        contiguous runs copied, rows gathered into the stage of the open part."""
+        """Append this stream's pieces of one block read into `buf` (blocks.iter_blocks):
+        contiguous runs copied, rows gathered into the stage of the open part. The first
+        call opens the first part (its header is built in this stream's thread)."""
+        if self._part < 0:
+            self.start()
         view = memoryview(buf)
         for p in pieces:
             if p.kind == OWN:
@@ -283,11 +287,17 @@ class _Stream:
         while self._part + 1 < len(self.parts):  # trailing empty parts
             self._open_next()
         self._close_current()
+        self._stop()
 
     def abort(self) -> None:
         if self._file is not None:
             self._file.abort()
             self._file = None
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._stages is not None:
+            self._stages.close()
 
 
 class _SourceHasher:
@@ -362,11 +372,13 @@ def write_streams(
     algos: tuple[str, ...] = ("blake3",),
     source_algo: str = "blake3",
     source_tensors: set[str] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> StreamResult:
     """Copy every part of every stream into `root`; fills each Part's size and digests.
 
     `algos`: the per-part file digests (Part fields). `source_tensors`: source tensors whose
     whole-payload `source_algo` digest is taken in the same pass (returned in `.digests`).
+    `meanwhile()`: the caller's work to run in this thread while the pass runs in others.
     A source shard that shrank, changed or was replaced since its header was read (at open,
     during or after the pass) raises InputChanged naming it (exit 3).
     """
@@ -380,7 +392,8 @@ def write_streams(
         flat.append(items)
     share = _share_cores(threads, len(streams), bool(source_tensors))
     size = chunk_size(len(streams) + DEPTH)
-    blocks = plan_blocks(ckpt, order, flat, source_tensors or set(), share.source_hashers, size)
+    # planned as they are read (the reader thread draws them)
+    blocks = iter_blocks(ckpt, order, flat, source_tensors or set(), share.source_hashers, size)
     src = _Source(ckpt, order)
     hashers = [_SourceHasher(source_algo) for _ in range(share.source_hashers)]
     writers = [
@@ -403,10 +416,17 @@ def write_streams(
     try:
         for label in sorted({ckpt.tensors[n].file for n in order}):
             src.file(label)  # open (and stamp-check) every shard before the threads start
-        for w in writers:
-            w.start()
         threaded = share.cores > 1 and len(takes) > 1
-        run_pipeline(blocks, src.read, takes, size=size, depth=DEPTH, threaded=threaded, done=done)
+        run_pipeline(
+            blocks,
+            src.read,
+            takes,
+            size=size,
+            depth=DEPTH,
+            threaded=threaded,
+            done=done,
+            meanwhile=meanwhile,
+        )
         for w in writers:
             w.finish()
         src.files.verify_unchanged()  # the stability proof: same bytes from open to end

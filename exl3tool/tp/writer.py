@@ -10,6 +10,9 @@ slice of every tensor under its original name, an index and the configs per rank
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,21 +86,84 @@ def rank_sliced_stream(plan: SlicePlan, max_size: int) -> list[Part]:
 
 
 def _file_records(
-    root: Path, rels: list[str], parts: dict[str, Part], algos: tuple[str, ...]
+    root: Path, rels: list[str], parts: dict[str, Part], algos: tuple[str, ...], draft: _Draft
 ) -> list[dict[str, Any]]:
-    """size and digests (`algos`) per output file: parts were hashed while written, the rest now."""
+    """size and digests (`algos`) per output file: the rest hashed now, each part's filled in
+    by `draft` once the pass has written (and hashed) it."""
     rest = [root / r for r in rels if r not in parts]
     digests = {a: hash_files(rest, a) if rest else {} for a in algos}
     out = []
     for rel in sorted(rels):
         p = parts.get(rel)
         if p is not None:
-            out.append({"path": rel, "size": p.size, **{a: getattr(p, a) for a in algos}})
+            rec: dict[str, Any] = {"path": rel}
+            draft.slot(rec, "size", lambda p=p: p.size)
+            for a in algos:
+                draft.slot(rec, a, lambda p=p, a=a: getattr(p, a))
+            out.append(rec)
         else:
             path = root / rel
             rec = {"path": rel, "size": path.stat().st_size}
             out.append({**rec, **{a: digests[a][path] for a in algos}})
     return out
+
+
+class _Draft:
+    """The manifest rendered while the pass runs, each value the pass produces (part sizes and
+    digests, the identity root) held by a placeholder string of its own. `fill` sets the
+    values and swaps each placeholder's JSON for the value's: both are scalars, which
+    `pretty_json` renders with the same inline encoder wherever they stand, so the bytes equal
+    a rendering of the filled manifest. A placeholder not found exactly once (the source path
+    would have to contain one) has the filled manifest rendered again."""
+
+    def __init__(self) -> None:
+        self._salt = os.urandom(16).hex()
+        self._slots: dict[str, tuple[dict[str, Any], str, Callable[[], Any]]] = {}
+
+    def slot(self, holder: dict[str, Any], key: str, value: Callable[[], Any]) -> None:
+        token = f"exl3tool-pending-{self._salt}-{len(self._slots)}"
+        holder[key] = token
+        self._slots[token] = (holder, key, value)
+
+    def fill(self, manifest: dict[str, Any], text: bytes) -> bytes:
+        """`text` (dump_json of `manifest` with the placeholders) with the values in; the
+        manifest's placeholders are replaced by them too."""
+        for holder, key, value in self._slots.values():
+            holder[key] = value()
+        for token, (holder, key, _value) in self._slots.items():
+            old = json.dumps(token).encode()
+            if text.count(old) != 1:
+                return dump_json(manifest, depth=4)
+            text = text.replace(old, json.dumps(holder[key], ensure_ascii=False).encode())
+        return text
+
+
+def _side_files(
+    plan: SlicePlan, ckpt: Checkpoint, streams: list[list[Part]], tmp: Path
+) -> tuple[list[str], dict[tuple[int, str], str]]:
+    """Write the indexes and configs; their paths, and each (rank, tensor)'s part."""
+    rels: list[str] = []
+    file_of: dict[tuple[int, str], str] = {}
+    if plan.layout == "per-rank":
+        for r, stream in enumerate(streams):
+            d = rank_dir(r)
+            for p in stream:
+                for s in p.slices:
+                    file_of[(r, s.target_name)] = p.path
+            (tmp / d).mkdir(parents=True, exist_ok=True)
+            (tmp / d / INDEX_NAME).write_bytes(configs.index_json(stream, f"{d}/"))
+            rels.append(f"{d}/{INDEX_NAME}")
+            names = configs.write_rank_configs(ckpt, tmp / d, plan.ranks[r].slices)
+            rels += [f"{d}/{n}" for n in names]
+    else:
+        where = {s.target_name: p.path for p in streams[0] for s in p.slices}
+        for rp in plan.ranks:
+            for s in rp.slices:
+                file_of[(rp.rank, s.target_name)] = where[s.target_name]
+        (tmp / INDEX_NAME).write_bytes(configs.index_json(streams[0]))
+        rels.append(INDEX_NAME)
+        rels += configs.write_rank_sliced_configs(ckpt, Kind(plan.kind), plan.tp, tmp)
+    return rels, file_of
 
 
 def build_manifest(
@@ -214,6 +280,20 @@ def write_plan(
             streams = per_rank_streams(plan, max_shard_size)
         else:
             streams = [rank_sliced_stream(plan, max_shard_size)]
+        parts = {p.path: p for stream in streams for p in stream}
+        draft = _Draft()
+        drafted: list[Any] = []  # the manifest and its bytes, placeholders in
+        root_digest: list[str | None] = [None]
+
+        def meanwhile() -> None:
+            """The indexes, configs and manifest, while the pass runs in other threads."""
+            rels, file_of = _side_files(plan, ckpt, streams, tmp)
+            files = _file_records(tmp, [*parts, *rels], parts, algos, draft)
+            manifest = build_manifest(plan, ckpt, source, files, file_of, max_shard_size, None)
+            if src_id is not None:
+                draft.slot(manifest["source"]["identity"], "root", lambda: root_digest[0])
+            drafted[:] = [manifest, dump_json(manifest, depth=4)]  # a line per tensor
+
         # a source shard that shrank or changed during the pass raises InputChanged (exit 3)
         passed = write_streams(
             ckpt,
@@ -225,32 +305,12 @@ def write_plan(
             algos=algos,
             source_algo=IDENTITY_ALGO,
             source_tensors=src_id.tensors if src_id is not None else None,
+            meanwhile=meanwhile,
         )
-        root_digest = src_id.root(passed.digests, threads) if src_id is not None else None
-        parts = {p.path: p for stream in streams for p in stream}
-        rels = list(parts)
-        file_of: dict[tuple[int, str], str] = {}
-        if plan.layout == "per-rank":
-            for r, stream in enumerate(streams):
-                d = rank_dir(r)
-                for p in stream:
-                    for s in p.slices:
-                        file_of[(r, s.target_name)] = p.path
-                (tmp / d / INDEX_NAME).write_bytes(configs.index_json(stream, f"{d}/"))
-                rels.append(f"{d}/{INDEX_NAME}")
-                names = configs.write_rank_configs(ckpt, tmp / d, plan.ranks[r].slices)
-                rels += [f"{d}/{n}" for n in names]
-        else:
-            where = {s.target_name: p.path for p in streams[0] for s in p.slices}
-            for rp in plan.ranks:
-                for s in rp.slices:
-                    file_of[(rp.rank, s.target_name)] = where[s.target_name]
-            (tmp / INDEX_NAME).write_bytes(configs.index_json(streams[0]))
-            rels.append(INDEX_NAME)
-            rels += configs.write_rank_sliced_configs(ckpt, Kind(plan.kind), plan.tp, tmp)
-        files = _file_records(tmp, rels, parts, algos)
-        manifest = build_manifest(plan, ckpt, source, files, file_of, max_shard_size, root_digest)
-        (tmp / MANIFEST_NAME).write_bytes(dump_json(manifest, depth=4))  # a line per tensor
+        if src_id is not None:
+            root_digest[0] = src_id.root(passed.digests, threads)
+        manifest, text = drafted
+        (tmp / MANIFEST_NAME).write_bytes(draft.fill(manifest, text))
         if verify:
             from exl3tool.tp.verify import verify_slices
 

@@ -12,20 +12,24 @@ import numpy as np
 import pytest
 
 from exl3tool.tp import outfile
-from exl3tool.tp.outfile import ALIGN, StagedFile, stage_buffer
+from exl3tool.tp.outfile import ALIGN, StagedFile, Stages
 
 
-def _write(path: Path, src: np.ndarray, direct: bool, stage: int) -> tuple[str, list[int]]:
+def _write(
+    path: Path, src: np.ndarray, direct: bool, stage: int, depth: int = 2
+) -> tuple[str, list[int]]:
     """Feed a header, contiguous runs and strided rows; the sha256 seen and the kicks made."""
     h = hashlib.sha256()
     kicks: list[int] = []
-    f = StagedFile(path, stage_buffer(stage), [h], lambda fd, a, n: kicks.append(n), 3000, direct)
+    stages = Stages(stage, depth)
+    f = StagedFile(path, stages, [h], lambda fd, a, n: kicks.append(n), 3000, direct)
     f.put(b"header of odd length")
     f.put(memoryview(src)[5:9000])
     f.put_rows(src, 3, 700, 40, 1000)  # rows over several stages
     f.put_rows(src, 11, ALIGN + 5, 3, 2 * ALIGN)  # a row longer than the stage
     f.put(memoryview(src)[:1])
     f.close()
+    stages.close()
     assert f.size == path.stat().st_size
     return h.hexdigest(), kicks
 
@@ -36,12 +40,16 @@ def _want(src: np.ndarray) -> bytes:
     return b"header of odd length" + src[5:9000].tobytes() + rows + long + src[:1].tobytes()
 
 
+@pytest.mark.parametrize("depth", [1, 2, 3])
 @pytest.mark.parametrize("direct", [True, False])
 @pytest.mark.parametrize("stage", [ALIGN, 3 * ALIGN, 1 << 20])
-def test_bytes_and_digest_equal_a_plain_copy(tmp_path: Path, direct: bool, stage: int) -> None:
+def test_bytes_and_digest_equal_a_plain_copy(
+    tmp_path: Path, direct: bool, stage: int, depth: int
+) -> None:
+    """Written in the caller's thread (depth 1) or behind it (2, 3 stages)."""
     src = np.random.default_rng(3).integers(0, 256, 50_000, np.uint8)
     path = tmp_path / "o.bin"
-    digest, _ = _write(path, src, direct, stage)
+    digest, _ = _write(path, src, direct, stage, depth)
     want = _want(src)
     assert path.read_bytes() == want and digest == hashlib.sha256(want).hexdigest()
 
@@ -71,10 +79,30 @@ def test_refused_direct_write_falls_back_to_the_page_cache(
         raise OSError(errno.ENOSPC, "full")
 
     monkeypatch.setattr(outfile.os, "write", fail)
-    f = StagedFile(tmp_path / "p.bin", stage_buffer(ALIGN), [], lambda *a: None, 1, True)
-    with pytest.raises(OSError, match="full"):
-        f.put(bytes(2 * ALIGN))
+    for depth in (1, 2):
+        stages = Stages(ALIGN, depth)
+        f = StagedFile(tmp_path / f"p{depth}.bin", stages, [], lambda *a: None, 1, True)
+        with pytest.raises(OSError, match="full"):
+            f.put(bytes(3 * ALIGN))
+        f.abort()
+        stages.close()
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_an_error_of_the_last_write_is_raised_by_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, depth: int
+) -> None:
+    def fail(fd: int, data) -> int:
+        raise OSError(errno.EIO, "lost")
+
+    monkeypatch.setattr(outfile.os, "write", fail)
+    stages = Stages(ALIGN, depth)
+    f = StagedFile(tmp_path / "o.bin", stages, [], lambda *a: None, 1, True)
+    f.put(b"x" * 100)
+    with pytest.raises(OSError, match="lost"):
+        f.close()
     f.abort()
+    stages.close()
 
 
 def test_slices_equal_without_direct(
