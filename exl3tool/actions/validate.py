@@ -53,19 +53,36 @@ def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptio
             pointer="/quantization_config" if has_config else None,
         )
         return {}
-    ckpt = load_checkpoint(path, findings)
     rank = rank_of_folder(path) if path.is_dir() else None
     if rank is not None:  # a rank folder of a slice output: checked as that rank's slice
         from exl3tool.actions.validate_slices import check_rank
 
+        ckpt = load_checkpoint(path, findings)
         return check_rank(ckpt, kind, rank, findings, options)
-    return check_checkpoint(ckpt, kind, findings, options)
+    if kind is Kind.R7 and not options.hash:
+        from exl3tool.checks.r7_manifests import prefetch_layer_results
+        from exl3tool.checks.worker import Forked, can_fork
+
+        # The per-layer manifests need only the files: a worker forked now (while this process
+        # is small: few pages to copy on write) checks them while the checkpoint loads.
+        parallel = can_fork(options.threads)
+        with Forked(lambda: prefetch_layer_results(path), parallel) as manifests:
+            ckpt = load_checkpoint(path, findings)
+            pre = manifests if manifests.started else None
+            return check_checkpoint(ckpt, kind, findings, options, manifests=pre)
+    return check_checkpoint(load_checkpoint(path, findings), kind, findings, options)
 
 
 def check_checkpoint(
-    ckpt: Checkpoint, kind: Kind, findings: Findings, options: ValidateOptions
+    ckpt: Checkpoint,
+    kind: Kind,
+    findings: Findings,
+    options: ValidateOptions,
+    *,
+    manifests: Any = None,
 ) -> dict:
-    """The family checks and the runtime-conformance checks of a loaded checkpoint."""
+    """The family checks and the runtime-conformance checks of a loaded checkpoint.
+    `manifests`: an R7 checkpoint's `prefetch_layer_results` under way (a `Forked`)."""
     extra = _facts(ckpt)
     # Checks write to their own list: what only repeats a defect the loader reported (a JSON
     # syntax error, a truncated shard) is dropped, so the root cause stands alone.
@@ -77,7 +94,7 @@ def check_checkpoint(
     elif kind is Kind.R7:
         from exl3tool.checks.r7 import check_r7
 
-        payload = check_r7(ckpt, findings, options)
+        payload = check_r7(ckpt, findings, options, manifests=manifests)
         extra["layers"] = len(payload.by_layer)
         extra["tiers"] = {str(k): v for k, v in payload.tiers().items()}
     elif kind is Kind.RANK_SLICED:

@@ -16,7 +16,7 @@ from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.payload import FiniteCheck, RandomAccessReader, Scan
 from exl3tool.checks.r7_block import check_block, check_quant_configs
 from exl3tool.checks.r7_experts import ExpertsContext, check_experts, check_out_of_range
-from exl3tool.checks.r7_manifests import check_layer_manifests, layer_results
+from exl3tool.checks.r7_manifests import ManifestResults, check_layer_manifests
 from exl3tool.checks.r7_seal import check_checkpoint_manifest
 from exl3tool.checks.rank_sliced import (
     TailContext,
@@ -24,7 +24,7 @@ from exl3tool.checks.rank_sliced import (
     report_missing_expert_count,
 )
 from exl3tool.checks.routers import check_routers
-from exl3tool.checks.worker import Forked, can_fork
+from exl3tool.checks.worker import Forked
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import expert_count, expert_table
@@ -65,8 +65,15 @@ def _check_model_range(config: dict, block: Block, findings: Findings) -> None:
         )
 
 
-def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> R7Payload:
-    """Every R7 rule; returns the payload K table (used by `inspect`)."""
+def check_r7(
+    ckpt: Checkpoint,
+    findings: Findings,
+    options: ValidateOptions,
+    *,
+    manifests: Forked[tuple[Block, ManifestResults] | None] | None = None,
+) -> R7Payload:
+    """Every R7 rule; returns the payload K table (used by `inspect`). `manifests`: the
+    per-layer manifests' `prefetch_layer_results`, under way in a worker."""
     qc, file, base = check_quant_configs(ckpt, findings)
     config = ckpt.config or {}
     payload = R7Payload()
@@ -86,36 +93,33 @@ def check_r7(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> 
     finite = FiniteCheck()
     rejected = ckpt.damaged_shards | ckpt.rejected_files
     digests = Digests(ckpt.root, options, rejected) if options.hash else None
-    manifests = block is not None and n_exp is not None
-    manifests = manifests and isinstance(qc["r7_routed_experts"], dict)
-    # The manifests' payload-free part (most of their cost) runs in a worker next to the expert
-    # and payload checks; their findings keep their place, before the tail's (`later`).
-    parallel = manifests and digests is None and can_fork(options.threads)
-    with Forked(lambda: layer_results(ckpt, block, keep=digests is not None), parallel) as work:
-        later = Findings() if manifests else findings
-        with RandomAccessReader() as reader:
-            scan = Scan(findings, reader, finite)
-            if block is not None and n_exp is not None:
-                ctx = ExpertsContext(table, block, n_exp, hidden, inter, ckpt.shards, scan)
-                payload = check_experts(ctx)
-                check_out_of_range(table, block, n_exp, tail.moe_layers if tail else None, findings)
-            scan = replace(scan, findings=later)
-            if raw is not None:
-                if tail is not None:
-                    _check_tail_role(tail, block, later)
-                tail_ctx = TailContext("config.json", POINTER, hidden, inter, n_exp, options.tp)
-                check_tail(ckpt, raw, table, tail_ctx, scan)
-            if block is not None:
-                check_routers(ckpt, block.layers, n_exp, hidden, rule=r7.R7_ROUTER, findings=later)
-            others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
-            check_linears(group_linears(others), ckpt.tensors, later, reader, finite)
-            flush_payload_checks(reader, finite, later)
-        if manifests:
-            results = work.result()
-            check_layer_manifests(
-                ckpt, block, qc, payload, findings, digests=digests, results=results
-            )
-            findings.extend(later)
+    run_manifests = block is not None and n_exp is not None
+    run_manifests = run_manifests and isinstance(qc["r7_routed_experts"], dict)
+    # The manifests are checked last (`layer_results` may come from a worker), their findings
+    # still in their place: before the tail's (`later`).
+    later = Findings() if run_manifests else findings
+    with RandomAccessReader() as reader:
+        scan = Scan(findings, reader, finite)
+        if block is not None and n_exp is not None:
+            ctx = ExpertsContext(table, block, n_exp, hidden, inter, ckpt.shards, scan)
+            payload = check_experts(ctx)
+            check_out_of_range(table, block, n_exp, tail.moe_layers if tail else None, findings)
+        scan = replace(scan, findings=later)
+        if raw is not None:
+            if tail is not None:
+                _check_tail_role(tail, block, later)
+            tail_ctx = TailContext("config.json", POINTER, hidden, inter, n_exp, options.tp)
+            check_tail(ckpt, raw, table, tail_ctx, scan)
+        if block is not None:
+            check_routers(ckpt, block.layers, n_exp, hidden, rule=r7.R7_ROUTER, findings=later)
+        others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
+        check_linears(group_linears(others), ckpt.tensors, later, reader, finite)
+        flush_payload_checks(reader, finite, later)
+    if run_manifests:
+        got = manifests.result() if manifests is not None and digests is None else None
+        results = got[1] if got is not None and got[0] == block else None
+        check_layer_manifests(ckpt, block, qc, payload, findings, digests=digests, results=results)
+        findings.extend(later)
     check_checkpoint_manifest(ckpt, findings, digests)
     if digests is None:
         findings.add(

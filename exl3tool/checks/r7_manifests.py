@@ -7,13 +7,15 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from exl3tool.checks.budget import check_declared
 from exl3tool.checks.digests import Digests, sha_ok
 from exl3tool.checks.worker import Row, from_rows, rows
-from exl3tool.formats.checkpoint import Checkpoint, TensorRef
+from exl3tool.formats.checkpoint import Checkpoint, TensorRef, present
 from exl3tool.formats.r7 import Block, R7Payload, layer_manifest, layer_shard
+from exl3tool.io.jsonfile import read_json
 from exl3tool.io.schemas import schema_errors
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import r7 as r7
@@ -110,12 +112,14 @@ def _check_listing(block: Block, qc: dict, findings: Findings) -> None:
 
 @dataclass(frozen=True)
 class LayerResult:
-    """What one layer's manifest gives before the payload is known: the findings of its load,
-    schema, identity and payload names (`before`), its bit_map to hold against the payload K
-    (`bit_map`), then its provenance findings (`after`). `lm` is the whole manifest, kept only
-    for the digests of `--hash`."""
+    """What one layer's manifest gives on its own: the findings of its load, schema and identity
+    (`before`), the tensors its payload_sha256 names (`names`, held against its shard), its
+    bit_map (held against the payload K), then its provenance findings (`after`). `lm` is the
+    whole manifest, kept only for the digests of `--hash`."""
 
+    layer: int
     before: tuple[Row, ...]
+    names: list[str] | None
     bit_map: tuple[LayerManifest, dict] | None
     after: tuple[Row, ...]
     lm: LayerManifest | None
@@ -131,9 +135,9 @@ class ManifestResults:
 
 
 def layer_results(ckpt: Checkpoint, block: Block, *, keep: bool) -> ManifestResults:
-    """Load and check every per-layer manifest of moe_layers as far as that needs no payload
-    (the costly part: 52 MB of JSON on GLM-5.2). `keep` keeps each whole manifest (digests);
-    else only what `_check_bit_map` reads of it."""
+    """Load and check every per-layer manifest of moe_layers as far as that needs neither the
+    shards nor the payload (the costly part: 52 MB of JSON on GLM-5.2); only `ckpt.root` is
+    read. `keep` keeps each whole manifest (digests); else only what the rest reads of it."""
     before_rejected = set(ckpt.rejected_files)
     listed = Findings()
     out = []
@@ -141,10 +145,11 @@ def layer_results(ckpt: Checkpoint, block: Block, *, keep: bool) -> ManifestResu
         before, after = Findings(), Findings()
         lm = _load(ckpt, layer, before)
         if lm is None:
-            out.append(LayerResult(rows(before), None, (), None))
+            out.append(LayerResult(layer, rows(before), None, None, (), None))
             continue
         _check_identity(lm, before)
-        _check_payload_names(ckpt, lm, before)
+        ps = lm.man.get("payload_sha256")
+        names = list(ps) if isinstance(ps, dict) and "payload_sha256" not in lm.bad else None
         bm = lm.man.get("bit_map")
         deferred = None
         if isinstance(bm, dict) and "bit_map" not in lm.bad:
@@ -158,9 +163,31 @@ def layer_results(ckpt: Checkpoint, block: Block, *, keep: bool) -> ManifestResu
                 file=lm.name,
                 pointer=pointer_join("", absent[0]),
             )
-        out.append(LayerResult(rows(before), deferred, rows(after), lm if keep else None))
+        out.append(
+            LayerResult(layer, rows(before), names, deferred, rows(after), lm if keep else None)
+        )
     rejected = frozenset(ckpt.rejected_files - before_rejected)
     return ManifestResults(rows(listed), tuple(out), rejected)
+
+
+def prefetch_layer_results(root: Path) -> tuple[Block, ManifestResults] | None:
+    """`layer_results` of the block that `root`'s configs declare, read before the checkpoint
+    is loaded (by a worker forked while the parent loads it): configs are read as the loader
+    reads them, and the caller uses the results only for an equal block."""
+    from exl3tool.checks.r7_block import check_block, check_quant_configs
+
+    ckpt = Checkpoint(root=root)
+    for name, attr in (("config.json", "config"), ("quantization_config.json", "quant_config")):
+        if present(ckpt, name, Findings()):
+            setattr(ckpt, attr, read_json(root / name, Findings(), name))
+    qc, file, base = check_quant_configs(ckpt, Findings())
+    if not isinstance(qc, dict) or not isinstance(qc.get("r7_routed_experts"), dict):
+        return None
+    block = check_block(qc["r7_routed_experts"], file, base + "/r7_routed_experts", Findings())
+    if block is None:
+        return None
+    ckpt.rejected_files.clear()  # only the manifests' own rejections are results
+    return block, layer_results(ckpt, block, keep=False)
 
 
 def _bit_map_fields(man: dict) -> dict:
@@ -187,6 +214,9 @@ def check_layer_manifests(
     work = _DigestWork()
     for res in results.layers:
         findings.extend(from_rows(res.before))
+        if res.names is not None:
+            where = (layer_manifest(res.layer), layer_shard(res.layer))
+            _check_payload_names(ckpt, res.names, where, findings)
         if res.bit_map is not None:
             _check_bit_map(*res.bit_map, payload, findings)
         findings.extend(from_rows(res.after))
@@ -289,19 +319,24 @@ def _check_identity(lm: LayerManifest, findings: Findings) -> None:
                 )
 
 
-def _check_payload_names(ckpt: Checkpoint, lm: LayerManifest, findings: Findings) -> None:
-    ps = lm.man.get("payload_sha256")
-    st = ckpt.shards.get(lm.label)
-    if isinstance(ps, dict) and st is not None and "payload_sha256" not in lm.bad:
-        stray = [] if ps.keys() <= st.tensors.keys() else [t for t in ps if t not in st.tensors]
-        for t in stray[:MAX_MISSING]:
-            findings.add(
-                r7.R7_MANIFEST_LAYER,
-                f"payload_sha256 names a tensor that {lm.label} does not hold",
-                file=lm.name,
-                tensor=t,
-                pointer=pointer_join("/payload_sha256", t),
-            )
+def _check_payload_names(
+    ckpt: Checkpoint, names: list[str], where: tuple[str, str], findings: Findings
+) -> None:
+    """Each tensor that payload_sha256 names must be in the layer's shard."""
+    name, label = where
+    st = ckpt.shards.get(label)
+    if st is None:
+        return
+    held = st.tensors
+    stray = [] if held.keys() >= set(names) else [t for t in names if t not in held]
+    for t in stray[:MAX_MISSING]:
+        findings.add(
+            r7.R7_MANIFEST_LAYER,
+            f"payload_sha256 names a tensor that {label} does not hold",
+            file=name,
+            tensor=t,
+            pointer=pointer_join("/payload_sha256", t),
+        )
 
 
 def _check_bit_map(lm: LayerManifest, bm: dict, payload: R7Payload, findings: Findings) -> None:

@@ -91,6 +91,11 @@ class Forked(Generic[T]):
         self._pid, self._fd = pid, r
         self._deadline = time.monotonic() + TIMEOUT_S
 
+    @property
+    def started(self) -> bool:
+        """Whether a child is computing the value (else `result` computes it here)."""
+        return self._pid != 0
+
     def result(self) -> T:
         """The child's value, or `fn()` computed here when the child gave none."""
         data = self._collect() if self._pid else None

@@ -191,7 +191,6 @@ def test_manifest_findings_are_the_same_forked_or_not(
 
     monkeypatch.setattr(Forked, "_start", start)
     monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
-    monkeypatch.setattr("exl3tool.checks.r7.can_fork", lambda threads: threads != 1)
     alone = _report(root, threads=1)
     assert not forked
     both = _report(root, threads=None)
@@ -199,3 +198,20 @@ def test_manifest_findings_are_the_same_forked_or_not(
     assert json.dumps(both) == json.dumps(alone)
     if defect != "pristine":
         assert len(alone) > 2
+
+
+@needs_fork
+def test_results_prefetched_for_another_block_are_not_used(
+    pristine: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exl3tool.checks import r7_manifests
+    from exl3tool.formats.r7 import Block
+
+    root = copy(pristine["r7"], tmp_path / "r7")
+    _manifest_mutations(root)
+    alone = _report(root, threads=1)
+    wrong = Block(1, 1, frozenset({2}), "quantization_config.json", "/r7_routed_experts")
+    empty = r7_manifests.ManifestResults((), (), frozenset())
+    monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
+    monkeypatch.setattr(r7_manifests, "prefetch_layer_results", lambda root: (wrong, empty))
+    assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
