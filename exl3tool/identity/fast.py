@@ -110,8 +110,18 @@ def root_digest(algo: str, layers: Mapping[str, str]) -> str:
 def fold(algo: str, tensors: Mapping[str, TensorDigest]) -> tuple[dict[str, str], str]:
     """Layer digests (ordered by layer number, "other" last) and the root of tensor digests."""
     groups: dict[str, list[str]] = {}
-    for name in tensors:
-        groups.setdefault(layer_key(name), []).append(name)
+    names: list[str] = []
+    prefix: str | None = None  # "model.layers.<N>." of the run of names being grouped
+    for name in tensors:  # usually sorted: a layer's names come in one run
+        if prefix is not None and name.startswith(prefix):
+            names.append(name)  # layer_key(name) is that of the run's first name
+            continue
+        names = groups.setdefault(layer_key(name), [])
+        names.append(name)
+        end = name.find(".", 13) if name.startswith("model.layers.") else -1
+        digits = name[13:end]
+        ok = end > 13 and digits.isascii() and digits.isdigit()
+        prefix = name[: end + 1] if ok else None
     layers = {
         k: _layer_digest(algo, k, [(n, *tensors[n]) for n in sorted(groups[k])])
         for k in sorted(groups, key=_key_order)
@@ -149,8 +159,15 @@ def identity_jobs(plan: LogicalPlan) -> list[tuple[Any, tuple[Segment, ...]]]:
 
 def _iter_jobs(plan: LogicalPlan) -> Iterator[tuple[Any, tuple[Segment, ...]]]:
     """`identity_jobs` one at a time (the engine keeps only what it needs of each)."""
+    new = tuple.__new__  # Segment(...) without NamedTuple's Python-level __new__ (10^6 tensors)
     for n, t in plan.tensors.items():
-        yield n, t.segments
+        ref = t.stored_ref
+        if ref is None:
+            yield n, t.segments
+        else:
+            st, info = ref.shard, ref.info
+            base = st.data_start
+            yield n, (new(Segment, (st.path, base + info.begin, base + info.end)),)
     for name, refs in plan.replicas.items():
         for i, r in enumerate(refs):
             yield (name, i), (tensor_segment(r.shard, r.info),)
@@ -162,7 +179,10 @@ def identity_from_digests(
     """Fold the digests of `identity_jobs(plan)` into an Identity (replica problems included;
     no compatibility block)."""
     ident = Identity(algo, selection=selection, problems=list(plan.problems))
-    ident.tensors = {n: TensorDigest(t.dtype, t.shape, digests[n]) for n, t in plan.tensors.items()}
+    new = tuple.__new__  # TensorDigest(...) without NamedTuple's Python-level __new__
+    ident.tensors = {
+        n: new(TensorDigest, (t.dtype, t.shape, digests[n])) for n, t in plan.tensors.items()
+    }
     for name, refs in plan.replicas.items():
         lt = plan.tensors[name]
         for i, r in enumerate(refs):

@@ -85,6 +85,11 @@ class LogicalTensor:
         return self._segments
 
     @property
+    def stored_ref(self) -> TensorRef | None:
+        """The one stored tensor this logical tensor is, whole (None: made of segments)."""
+        return self._sources if self._segments is None else None  # type: ignore[return-value]
+
+    @property
     def sources(self) -> tuple[TensorRef, ...]:
         src = self._sources
         return (src,) if isinstance(src, TensorRef) else src

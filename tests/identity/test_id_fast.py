@@ -203,3 +203,33 @@ def test_layer_key_fast_path_agrees_with_the_pattern(name: str, key: str) -> Non
 
     layer = layer_of(name)
     assert layer_key(name) == key == ("other" if layer is None else str(layer))
+
+
+def test_fold_groups_runs_of_names_like_layer_key_does() -> None:
+    """fold reads a layer's key once per run of names sharing "model.layers.<N>.": any order
+    and any mix of names give the groups of layer_key per name."""
+    import random
+
+    from exl3tool.identity.engine import new_hasher
+    from exl3tool.identity.fast import TensorDigest, _key_order, _layer_digest, fold, root_digest
+
+    names = [
+        "model.layers.1.a", "model.layers.1.b", "model.layers.01.c", "model.layers.10.a",
+        "model.layers.1", "model.layers.1a.layers.3.x", "model.layers.3.z", "x.layers.1.y",
+        "model.layers.2.a", "model.layers.\u0663.x", "lm_head.weight", "model.layers..x",
+        "model.layers.1.layers.2.q", "model.layers.007.w",
+    ]  # fmt: skip
+    rng = random.Random(5)
+    for order in (sorted(names), names, *(rng.sample(names, len(names)) for _ in range(20))):
+        tensors = {
+            n: TensorDigest("U8", (i,), new_hasher("blake3").hexdigest())
+            for i, n in enumerate(order)
+        }
+        groups: dict[str, list[str]] = {}
+        for n in tensors:
+            groups.setdefault(layer_key(n), []).append(n)
+        want = {
+            k: _layer_digest("blake3", k, [(n, *tensors[n]) for n in sorted(groups[k])])
+            for k in sorted(groups, key=_key_order)
+        }
+        assert fold("blake3", tensors) == (want, root_digest("blake3", want))
