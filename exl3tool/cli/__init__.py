@@ -19,9 +19,11 @@ def entry() -> None:
     try:
         gc.disable()  # the start-up imports make ~40k long-lived objects and no garbage
         try:
-            from exl3tool.cli.plain import plain_command
+            command = None
+            if sys.argv[1:2] == ["identity"]:  # a plain line of a hot command runs without typer
+                from exl3tool.cli.plain import plain_command
 
-            command = plain_command(sys.argv[1:])  # a plain line of a hot command: no typer
+                command = plain_command(sys.argv[1:])
             if command is None:
                 if _wants_help(sys.argv[1:]):
                     from exl3tool.cli.lean_rich import import_rich_utils

@@ -8,14 +8,13 @@ one that typer would accept unchanged) and returns the command to run; for anyth
 one, `--`) it returns None and typer parses the line as always, with its own messages and exit
 codes. A plain run calls the same body as the typer command (`identity_body`) and maps errors
 to the same one-line messages and exit codes (`handle_errors` in cli/common.py), so outputs,
-files and exit codes are the same both ways (tests/cli/test_plain.py runs both).
+files and exit codes are the same both ways (tests/cli/test_plain_lines.py runs both).
 
 This module imports neither typer nor rich.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -102,6 +101,8 @@ def _render_check(result: Any, fmt: str, output: Path | None, force: bool) -> in
     if fmt == "text":
         write_output(output, result.summary + "\n", force=force)
         return 0
+    import json
+
     report = result.report()
     report.notes.append(result.summary)
     write_output(output, json.dumps(report.to_json(), separators=(",", ":")) + "\n", force=force)

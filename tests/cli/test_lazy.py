@@ -6,6 +6,7 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 import typer
 import typer.main
 from typer.testing import CliRunner
@@ -75,3 +76,32 @@ def test_a_mistyped_command_is_still_suggested() -> None:
     result = CliRunner().invoke(app, ["valdate"], env={"COLUMNS": "100", "NO_COLOR": "1"})
     assert result.exit_code == 2
     assert "Did you mean 'validate'?" in result.output
+
+
+def test_root_help_lists_commands_without_building_them_and_prints_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the group's help is written, unbuilt commands are stand-ins holding what the
+    listing reads, equal to the built command's; the help is the one every built command
+    gives."""
+    from exl3tool.cli.lazy import _Listed
+
+    fresh = typer.main.get_command(app)
+    commands = fresh.commands  # type: ignore[attr-defined]
+    commands.listing = True
+    listed = {name: commands[name] for name in Commands.table}
+    commands.listing = False
+    assert all(type(c) is _Listed for c in listed.values())
+    assert not any(isinstance(v, typer.core.TyperCommand) for v in commands._items.values())
+    for name, stand_in in listed.items():
+        real = commands[name]
+        for attr in ("name", "help", "short_help", "hidden", "deprecated", "rich_help_panel"):
+            assert getattr(stand_in, attr) == getattr(real, attr), (name, attr)
+        assert stand_in.params == real.params  # anything else: read from the built command
+    env = {"COLUMNS": "100", "NO_COLOR": "1"}
+    lazy = CliRunner().invoke(app, ["--help"], env=env).stdout
+    from exl3tool.cli.lazy import LazyGroup
+
+    monkeypatch.setattr(LazyGroup, "format_help", typer.core.TyperGroup.format_help)
+    built = CliRunner().invoke(app, ["--help"], env=env).stdout  # every command built
+    assert lazy == built and "identity" in lazy
