@@ -60,16 +60,17 @@ def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptio
         ckpt = load_checkpoint(path, findings)
         return check_rank(ckpt, kind, rank, findings, options)
     if kind is Kind.R7 and not options.hash:
-        from exl3tool.checks.r7_manifests import prefetch_layer_results
+        from exl3tool.checks.r7 import prefetch_r7
         from exl3tool.checks.worker import Forked, can_fork
 
-        # The per-layer manifests need only the files: a worker forked now (while this process
-        # is small: few pages to copy on write) checks them while the checkpoint loads.
+        # The layer shards' small payloads and the per-layer manifests need only the files: a
+        # worker forked now (while this process is small: few pages to copy on write) reads
+        # them while the checkpoint loads.
         parallel = can_fork(options.threads)
-        with Forked(lambda: prefetch_layer_results(path), parallel) as manifests:
+        with Forked(lambda: prefetch_r7(path), parallel) as work:
             ckpt = load_checkpoint(path, findings)
-            pre = manifests if manifests.started else None
-            return check_checkpoint(ckpt, kind, findings, options, manifests=pre)
+            pre = work if work.started else None
+            return check_checkpoint(ckpt, kind, findings, options, prefetched=pre)
     return check_checkpoint(load_checkpoint(path, findings), kind, findings, options)
 
 
@@ -79,10 +80,10 @@ def check_checkpoint(
     findings: Findings,
     options: ValidateOptions,
     *,
-    manifests: Any = None,
+    prefetched: Any = None,
 ) -> dict:
     """The family checks and the runtime-conformance checks of a loaded checkpoint.
-    `manifests`: an R7 checkpoint's `prefetch_layer_results` under way (a `Forked`)."""
+    `prefetched`: an R7 checkpoint's `prefetch_r7` under way (a `Forked`)."""
     extra = _facts(ckpt)
     # Checks write to their own list: what only repeats a defect the loader reported (a JSON
     # syntax error, a truncated shard) is dropped, so the root cause stands alone.
@@ -94,7 +95,7 @@ def check_checkpoint(
     elif kind is Kind.R7:
         from exl3tool.checks.r7 import check_r7
 
-        payload = check_r7(ckpt, findings, options, manifests=manifests)
+        payload = check_r7(ckpt, findings, options, prefetched=prefetched)
         extra["layers"] = len(payload.by_layer)
         extra["tiers"] = {str(k): v for k, v in payload.tiers().items()}
     elif kind is Kind.RANK_SLICED:

@@ -4,9 +4,10 @@ Shared by the plain EXL3, R7 and rank-sliced families."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from exl3tool.checks.payload import FiniteCheck, read_scalar_i32, run_deferred
+from exl3tool.checks.payload import FiniteCheck, ShardFacts, read_scalar_i32, run_deferred
 from exl3tool.formats.checkpoint import TensorRef
 from exl3tool.formats.exl3 import HALF_K, MCG_MARKER, MUL1_MARKER, LinearGroup, k_of_last_dim
 from exl3tool.io.views import TensorReader
@@ -208,8 +209,14 @@ def _marker_message(value: int, expected: int) -> str:
     )
 
 
-def flush_payload_checks(reader: TensorReader, finite: FiniteCheck, findings: Findings) -> None:
-    """Run the deferred marker reads and the finiteness scan (one gather per shard)."""
+def flush_payload_checks(
+    reader: TensorReader,
+    finite: FiniteCheck,
+    findings: Findings,
+    facts: dict[Path, ShardFacts] | None = None,
+) -> None:
+    """Run the deferred marker reads and the finiteness scan (one gather per shard, or the
+    shard's facts read ahead)."""
 
     def bad_marker(ref: TensorRef, value: int, expected: int) -> None:
         findings.add(
@@ -219,5 +226,5 @@ def flush_payload_checks(reader: TensorReader, finite: FiniteCheck, findings: Fi
             tensor=ref.name,
         )
 
-    run_deferred(reader, getattr(reader, "markers", None), finite, bad_marker,
-                 report_nonfinite(findings))  # fmt: skip
+    markers = getattr(reader, "markers", None)
+    run_deferred(reader, markers, finite, bad_marker, report_nonfinite(findings), facts)

@@ -7,6 +7,9 @@ off; smaller scans test the exponent bits with Python integers, with the same re
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from exl3tool.formats.checkpoint import TensorRef
-from exl3tool.io.safetensors import SafetensorsFile
+from exl3tool.io.safetensors import MAX_HEADER, FileStamp, SafetensorsFile, TensorInfo
 from exl3tool.io.views import TensorReader
 from exl3tool.rules.registry import Findings
 
@@ -98,15 +101,129 @@ class FiniteCheck:
         return sum(r.info.nbytes for r, _ in self._items)
 
 
+# A vector read ahead by the worker (`read_facts`) at most this size; larger ones the parent
+# reads itself if it scans them at all.
+FACTS_MAX_VECTOR = 1 << 20
+
+
+@dataclass(frozen=True)
+class ShardFacts:
+    """The bytes `run_deferred` would read from one shard, read ahead by a worker: the int32
+    value of every 4-byte tensor, and which F16/F32 vectors hold a NaN/Inf word. Spans are
+    absolute file offsets; they are used only while the shard's stamp is unchanged."""
+
+    stamp: FileStamp
+    values: dict[tuple[int, int], int]
+    scanned: frozenset[tuple[int, int, str]]
+    failed: frozenset[tuple[int, int, str]]
+
+
+# The dtype and offsets of the entries that can be markers or scanned vectors (I32 markers,
+# F16/F32 vectors). The facts need no names (spans are their keys), so a shard is read ahead
+# without a full parse: a span its header does not hold is only never looked up, and a
+# deferred read the facts lack is done by the checks themselves.
+_SPAN = re.compile(
+    rb'"dtype":"(I32|F16|F32)","shape":\[[0-9,]*\],"data_offsets":\[([0-9]{1,15}),([0-9]{1,15})\]'
+)
+
+
+def fact_reads(path: Path, label: str) -> tuple[SafetensorsFile, MarkerCheck, FiniteCheck] | None:
+    """What `read_facts` reads of the shard at `path`: every 4-byte I32 tensor and every F16/F32
+    vector of at most FACTS_MAX_VECTOR bytes its header lists (None when it is not plain)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with open(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        head = fh.read(8)
+        (n,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
+        if not 0 < n <= MAX_HEADER or 8 + n > st.st_size:
+            return None
+        raw = fh.read(n)
+    shard = SafetensorsFile(path, label, st.st_size, n, FileStamp.of(st))
+    markers, finite = MarkerCheck(), FiniteCheck()
+    for dtype, begin, end in _SPAN.findall(raw):
+        b, e = int(begin), int(end)
+        if 0 < e - b <= FACTS_MAX_VECTOR:  # not the trellis
+            ref = TensorRef(shard, TensorInfo("", dtype.decode(), (), b, e))
+            markers.add(ref, 0)
+            finite.add(ref)
+    return shard, markers, finite
+
+
+def read_facts(
+    st: SafetensorsFile,
+    markers: MarkerCheck,
+    finite: FiniteCheck,
+    reader: TensorReader,
+    numpy: bool,
+) -> ShardFacts:
+    """The facts of the reads `fact_reads` planned for `st`, read as `run_deferred` reads them
+    (one gather, the same scans; `numpy`: which of the two, whose results are the same)."""
+    m_items, f_items = markers._items, finite._items
+    base = st.data_start
+    values: dict[tuple[int, int], int] = {}
+    scanned: frozenset[tuple[int, int, str]] = frozenset()
+    failed: list[TensorRef] = []
+    if m_items or f_items:
+        items = m_items + f_items
+        data, pos = reader.gather(st, [(r.info.begin, r.info.end) for r, _ in items])
+        unpack = _I32.unpack_from
+        for (ref, _), p in zip(m_items, pos, strict=False):
+            values[(base + ref.info.begin, base + ref.info.end)] = unpack(data, p)[0]
+        placed = list(zip((r for r, _ in f_items), pos[len(m_items) :], strict=True))
+        failed = (_scan_numpy if numpy else _scan_ints)(data, placed)
+        scanned = frozenset(map(_fact_key, (r for r, _ in f_items)))
+    return ShardFacts(st.stamp, values, scanned, frozenset(map(_fact_key, failed)))
+
+
+def _fact_key(ref: TensorRef) -> tuple[int, int, str]:
+    start = ref.shard.data_start
+    return start + ref.info.begin, start + ref.info.end, ref.info.dtype
+
+
+def _from_facts(
+    facts: ShardFacts,
+    m_items: list[tuple[TensorRef, int]],
+    f_items: list[tuple[TensorRef, None]],
+) -> tuple[list[tuple[TensorRef, int, int]], list[TensorRef]] | None:
+    """What `check` of `run_deferred` finds in one shard, from read-ahead facts; None when the
+    facts do not cover every deferred read."""
+    values, scanned = facts.values, facts.scanned
+    spans = [_fact_key(r) for r, _ in f_items]
+    if not all(k in scanned for k in spans):
+        return None
+    wrong = []
+    for ref, want in m_items:
+        start = ref.shard.data_start
+        got = values.get((start + ref.info.begin, start + ref.info.end))
+        if got is None:
+            return None
+        if got != want:
+            wrong.append((ref, got, want))
+    bad = [k in facts.failed for k in spans]
+    # the scans' report order: per dtype, payloads at an odd offset first, then aligned ones
+    # (a packed position keeps its offset mod 16, so oddness is the offset's)
+    failed: list[TensorRef] = []
+    for dtype, (size, _) in _EXPONENT_BITS.items():
+        for odd in (True, False):
+            for (ref, _), hit in zip(f_items, bad, strict=True):
+                if hit and ref.info.dtype == dtype and bool(ref.info.begin % size) is odd:
+                    failed.append(ref)
+    return wrong, failed
+
+
 def run_deferred(
     reader: TensorReader,
     markers: MarkerCheck | None,
     finite: FiniteCheck,
     bad_marker: Callable[[TensorRef, int, int], None],
     nonfinite: Callable[[TensorRef], None],
+    facts: dict[Path, ShardFacts] | None = None,
 ) -> None:
     """Read every deferred marker and vector with one gather per shard; report each marker
-    whose value differs (bad_marker(ref, value, expected)), then each vector holding NaN/Inf."""
+    whose value differs (bad_marker(ref, value, expected)), then each vector holding NaN/Inf.
+    `facts`: shards read ahead (`read_facts`), used where their stamp still holds."""
     marked = _by_shard(markers._items if markers is not None else [])
     scanned = _by_shard(finite._items)
     use_numpy = finite.nbytes() >= NUMPY_MIN_BYTES
@@ -114,6 +231,11 @@ def run_deferred(
     def check(path: Path) -> tuple[list[tuple[TensorRef, int, int]], list[TensorRef]]:
         m_items, f_items = marked.get(path, []), scanned.get(path, [])
         items = m_items + f_items
+        known = facts.get(path) if facts else None
+        if known is not None and known.stamp == items[0][0].shard.stamp:
+            got = _from_facts(known, m_items, f_items)
+            if got is not None:
+                return got
         spans = [(r.info.begin, r.info.end) for r, _ in items]
         data, pos = reader.gather(items[0][0].shard, spans)
         unpack = _I32.unpack_from

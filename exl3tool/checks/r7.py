@@ -8,15 +8,31 @@ Digests are recomputed only under `--hash`.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from exl3tool.checks.digests import Digests
 from exl3tool.checks.exl3_linear import check_linears, flush_payload_checks
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.checks.payload import FiniteCheck, RandomAccessReader, Scan
+from exl3tool.checks.payload import (
+    NUMPY_MIN_BYTES,
+    FiniteCheck,
+    RandomAccessReader,
+    Scan,
+    ShardFacts,
+    fact_reads,
+    read_facts,
+)
 from exl3tool.checks.r7_block import check_block, check_quant_configs
 from exl3tool.checks.r7_experts import ExpertsContext, check_experts, check_out_of_range
-from exl3tool.checks.r7_manifests import ManifestResults, check_layer_manifests
+from exl3tool.checks.r7_manifests import (
+    ManifestResults,
+    check_layer_manifests,
+    layer_results,
+    prefetch_block,
+)
 from exl3tool.checks.r7_seal import check_checkpoint_manifest
 from exl3tool.checks.rank_sliced import (
     TailContext,
@@ -28,7 +44,7 @@ from exl3tool.checks.worker import Forked
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import expert_count, expert_table
-from exl3tool.formats.r7 import Block, R7Payload
+from exl3tool.formats.r7 import Block, R7Payload, layer_shard
 from exl3tool.formats.tail import POINTER, Tail, parse_tail, raw_tail
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import r7 as r7
@@ -65,15 +81,57 @@ def _check_model_range(config: dict, block: Block, findings: Findings) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Prefetched:
+    """What a worker reads while the checkpoint loads (`prefetch_r7`), for `block`."""
+
+    block: Block
+    facts: dict[Path, ShardFacts]  # the layer shards' marker values and NaN/Inf vectors
+    manifests: ManifestResults
+
+
+_LAYER_SHARD = re.compile(r"r7-experts-layer-(\d{3,18})\.safetensors")
+
+
+def prefetch_r7(root: Path) -> Prefetched | None:
+    """Read ahead what the R7 checks read from files only: the payload facts of every layer
+    shard of the block the configs declare, and its per-layer manifests. Run by a worker forked
+    before the checkpoint loads; `check_r7` uses it only for the block it finds itself."""
+    got = prefetch_block(root)
+    if got is None:
+        return None
+    lite, block = got
+    facts: dict[Path, ShardFacts] = {}
+    names = sorted(os.listdir(root))
+    held = ((n, _LAYER_SHARD.fullmatch(n)) for n in names)
+    labels = [n for n, m in held if m and int(m[1]) in block.layers and layer_shard(int(m[1])) == n]
+    planned = []
+    for label in labels:
+        try:
+            reads = fact_reads(root / label, label)
+        except OSError:  # no facts for this shard: the checks read it themselves
+            continue
+        if reads is not None:
+            planned.append(reads)
+    numpy = sum(finite.nbytes() for _, _, finite in planned) >= NUMPY_MIN_BYTES
+    with RandomAccessReader() as reader:
+        for st, markers, finite in planned:
+            try:
+                facts[st.path] = read_facts(st, markers, finite, reader, numpy)
+            except Exception:  # no facts for this shard: the checks read it themselves
+                continue
+    return Prefetched(block, facts, layer_results(lite, block, keep=False))
+
+
 def check_r7(
     ckpt: Checkpoint,
     findings: Findings,
     options: ValidateOptions,
     *,
-    manifests: Forked[tuple[Block, ManifestResults] | None] | None = None,
+    prefetched: Forked[Prefetched | None] | None = None,
 ) -> R7Payload:
-    """Every R7 rule; returns the payload K table (used by `inspect`). `manifests`: the
-    per-layer manifests' `prefetch_layer_results`, under way in a worker."""
+    """Every R7 rule; returns the payload K table (used by `inspect`). `prefetched`: a worker
+    under way with `prefetch_r7`."""
     qc, file, base = check_quant_configs(ckpt, findings)
     config = ckpt.config or {}
     payload = R7Payload()
@@ -114,10 +172,11 @@ def check_r7(
             check_routers(ckpt, block.layers, n_exp, hidden, rule=r7.R7_ROUTER, findings=later)
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
         check_linears(group_linears(others), ckpt.tensors, later, reader, finite)
-        flush_payload_checks(reader, finite, later)
+        got = prefetched.result() if prefetched is not None and digests is None else None
+        pre = got if got is not None and block is not None and got.block == block else None
+        flush_payload_checks(reader, finite, later, pre.facts if pre else None)
     if run_manifests:
-        got = manifests.result() if manifests is not None and digests is None else None
-        results = got[1] if got is not None and got[0] == block else None
+        results = pre.manifests if pre else None
         check_layer_manifests(ckpt, block, qc, payload, findings, digests=digests, results=results)
         findings.extend(later)
     check_checkpoint_manifest(ckpt, findings, digests)

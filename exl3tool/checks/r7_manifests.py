@@ -119,7 +119,7 @@ class LayerResult:
 
     layer: int
     before: tuple[Row, ...]
-    names: list[str] | None
+    names: str | list[str] | None  # `_names`
     bit_map: tuple[LayerManifest, dict] | None
     after: tuple[Row, ...]
     lm: LayerManifest | None
@@ -149,7 +149,7 @@ def layer_results(ckpt: Checkpoint, block: Block, *, keep: bool) -> ManifestResu
             continue
         _check_identity(lm, before)
         ps = lm.man.get("payload_sha256")
-        names = list(ps) if isinstance(ps, dict) and "payload_sha256" not in lm.bad else None
+        names = _names(ps) if isinstance(ps, dict) and "payload_sha256" not in lm.bad else None
         bm = lm.man.get("bit_map")
         deferred = None
         if isinstance(bm, dict) and "bit_map" not in lm.bad:
@@ -170,10 +170,10 @@ def layer_results(ckpt: Checkpoint, block: Block, *, keep: bool) -> ManifestResu
     return ManifestResults(rows(listed), tuple(out), rejected)
 
 
-def prefetch_layer_results(root: Path) -> tuple[Block, ManifestResults] | None:
-    """`layer_results` of the block that `root`'s configs declare, read before the checkpoint
-    is loaded (by a worker forked while the parent loads it): configs are read as the loader
-    reads them, and the caller uses the results only for an equal block."""
+def prefetch_block(root: Path) -> tuple[Checkpoint, Block] | None:
+    """The block that `root`'s configs declare, read as the loader reads them, before the
+    checkpoint is loaded (by a worker; its caller uses what it finds only for an equal block),
+    with a checkpoint that holds only the root."""
     from exl3tool.checks.r7_block import check_block, check_quant_configs
 
     ckpt = Checkpoint(root=root)
@@ -187,7 +187,14 @@ def prefetch_layer_results(root: Path) -> tuple[Block, ManifestResults] | None:
     if block is None:
         return None
     ckpt.rejected_files.clear()  # only the manifests' own rejections are results
-    return block, layer_results(ckpt, block, keep=False)
+    return ckpt, block
+
+
+def _names(ps: dict) -> str | list[str]:
+    """The keys of payload_sha256, as one string of lines where no key holds a line break (a
+    worker's result: one string pickles at memcpy speed, 2,306 strings per layer do not)."""
+    joined = "\n".join(ps)
+    return joined if joined.count("\n") == len(ps) - 1 and ps else list(ps)
 
 
 def _bit_map_fields(man: dict) -> dict:
@@ -320,13 +327,15 @@ def _check_identity(lm: LayerManifest, findings: Findings) -> None:
 
 
 def _check_payload_names(
-    ckpt: Checkpoint, names: list[str], where: tuple[str, str], findings: Findings
+    ckpt: Checkpoint, names: str | list[str], where: tuple[str, str], findings: Findings
 ) -> None:
     """Each tensor that payload_sha256 names must be in the layer's shard."""
     name, label = where
     st = ckpt.shards.get(label)
     if st is None:
         return
+    if isinstance(names, str):
+        names = names.split("\n")
     held = st.tensors
     stray = [] if held.keys() >= set(names) else [t for t in names if t not in held]
     for t in stray[:MAX_MISSING]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,15 @@ def _reference(refs: list[TensorRef], blobs: dict[str, bytes]) -> tuple[list, li
     return wrong, nonfinite
 
 
-def _run(path: Path) -> tuple[list, list]:
+def _facts(path: Path, numpy: bool) -> dict:
+    """The shard's facts as the R7 worker reads them ahead (`fact_reads`, `read_facts`)."""
+    planned = payload.fact_reads(path, path.name)
+    assert planned is not None
+    with RandomAccessReader() as reader:
+        return {path: payload.read_facts(*planned, reader, numpy)}
+
+
+def _run(path: Path, facts: dict | None = None) -> tuple[list, list]:
     ckpt = load_checkpoint(path, Findings())
     refs = list(ckpt.tensors.values())
     wrong: list = []
@@ -99,6 +108,7 @@ def _run(path: Path) -> tuple[list, list]:
             finite,
             lambda r, v, e: wrong.append((r.name, v, e)),
             lambda r: nonfinite.append(r.name),
+            facts,
         )
     return wrong, nonfinite
 
@@ -113,6 +123,23 @@ def test_deferred_checks_equal_a_word_by_word_reference(
     assert _run(path) == want
     monkeypatch.setattr(payload, "NUMPY_MIN_BYTES", 0)  # numpy
     assert _run(path) == want
+    for numpy in (False, True):  # from facts read ahead, the same in the same order
+        facts = _facts(path, numpy)
+        assert _run(path, facts) == want
+        # facts that lack a deferred read, or of a shard that changed since, are not used
+        (known,) = facts.values()
+        lying = {k: v + 1 for k, v in known.values.items()}
+        if known.values:
+            partial = payload.ShardFacts(known.stamp, {}, known.scanned, known.scanned)
+        else:
+            partial = payload.ShardFacts(known.stamp, {}, frozenset(), known.scanned)
+        assert _run(path, {path: partial}) == want
+        stamp = replace(known.stamp, mtime_ns=known.stamp.mtime_ns + 1)
+        stale = payload.ShardFacts(stamp, lying, known.scanned, known.scanned)
+        assert _run(path, {path: stale}) == want
+        if known.values:  # and facts that hold are used
+            fresh = payload.ShardFacts(known.stamp, lying, known.scanned, known.failed)
+            assert _run(path, {path: fresh}) != want
 
 
 def test_small_scans_do_not_import_numpy(tmp_path: Path) -> None:

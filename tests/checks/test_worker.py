@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from checks_fixtures import copy, edit_json
+from checks_fixtures import copy, edit_json, edit_shard
 
 from exl3tool.actions.validate import validate_path
 from exl3tool.checks import worker
@@ -160,6 +160,17 @@ def _manifest_mutations(root: Path) -> None:
     m2.write_text(text.replace('"layer"', '"layer": 2, "layer"', 1))  # a duplicate key
 
 
+def _break_payload(tensors: dict) -> None:
+    for i, name in enumerate(sorted(tensors)):
+        dtype, arr = tensors[name]
+        if name.endswith((".suh", ".svh")) and i % 3 == 0:
+            arr = arr.copy()
+            arr.reshape(-1)[i % arr.size] = float("nan") if i % 2 else float("inf")
+            tensors[name] = (dtype, arr)
+        elif name.endswith(".mcg") and i % 4 == 0:
+            tensors[name] = (dtype, arr + 1)
+
+
 def _report(root: Path, threads: int | None) -> list[dict]:
     ref, findings = validate_path(root, ValidateOptions(hash=False, threads=threads))
     ref.extra.pop("seconds")
@@ -167,7 +178,9 @@ def _report(root: Path, threads: int | None) -> list[dict]:
 
 
 @needs_fork
-@pytest.mark.parametrize("defect", ["pristine", "mutated", "syntax", "missing", "fifo"])
+@pytest.mark.parametrize(
+    "defect", ["pristine", "mutated", "syntax", "missing", "fifo", "payload", "shard"]
+)
 def test_manifest_findings_are_the_same_forked_or_not(
     pristine: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, defect: str
 ) -> None:
@@ -182,6 +195,10 @@ def test_manifest_findings_are_the_same_forked_or_not(
     elif defect == "fifo":
         m2.unlink()
         os.mkfifo(m2)
+    elif defect == "payload":  # NaN/Inf vectors and wrong markers, read ahead by the worker
+        edit_shard(root, "r7-experts-layer-001.safetensors", _break_payload)
+    elif defect == "shard":  # a layer shard the worker cannot read ahead
+        (root / "r7-experts-layer-002.safetensors").write_bytes(b"\x00" * 4)
     forked = []
     original_start = Forked._start
 
@@ -204,14 +221,15 @@ def test_manifest_findings_are_the_same_forked_or_not(
 def test_results_prefetched_for_another_block_are_not_used(
     pristine: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from exl3tool.checks import r7_manifests
+    from exl3tool.checks import r7, r7_manifests
     from exl3tool.formats.r7 import Block
 
     root = copy(pristine["r7"], tmp_path / "r7")
     _manifest_mutations(root)
+    edit_shard(root, "r7-experts-layer-001.safetensors", _break_payload)
     alone = _report(root, threads=1)
     wrong = Block(1, 1, frozenset({2}), "quantization_config.json", "/r7_routed_experts")
     empty = r7_manifests.ManifestResults((), (), frozenset())
     monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
-    monkeypatch.setattr(r7_manifests, "prefetch_layer_results", lambda root: (wrong, empty))
+    monkeypatch.setattr(r7, "prefetch_r7", lambda root: r7.Prefetched(wrong, {}, empty))
     assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
