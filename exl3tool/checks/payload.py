@@ -101,9 +101,11 @@ class FiniteCheck:
         return sum(r.info.nbytes for r, _ in self._items)
 
 
-# A vector read ahead by the worker (`read_facts`) at most this size; larger ones the parent
-# reads itself if it scans them at all.
+# A vector read ahead by the worker (`read_facts`) at most this size, and at most this many
+# vector bytes in all (GLM-5.2: 236 MB; a header may list any number of overlapping ones);
+# what is left out the checks read themselves if they scan it at all.
 FACTS_MAX_VECTOR = 1 << 20
+FACTS_MAX_TOTAL = 512 << 20
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from exl3tool.checks.digests import Digests
 from exl3tool.checks.exl3_linear import check_linears, flush_payload_checks
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.payload import (
+    FACTS_MAX_TOTAL,
     NUMPY_MIN_BYTES,
     FiniteCheck,
     RandomAccessReader,
@@ -105,15 +106,16 @@ def prefetch_r7(root: Path) -> Prefetched | None:
     names = sorted(os.listdir(root))
     held = ((n, _LAYER_SHARD.fullmatch(n)) for n in names)
     labels = [n for n, m in held if m and int(m[1]) in block.layers and layer_shard(int(m[1])) == n]
-    planned = []
+    planned, total = [], 0
     for label in labels:
         try:
             reads = fact_reads(root / label, label)
         except OSError:  # no facts for this shard: the checks read it themselves
             continue
-        if reads is not None:
+        if reads is not None and total + reads[2].nbytes() <= FACTS_MAX_TOTAL:
             planned.append(reads)
-    numpy = sum(finite.nbytes() for _, _, finite in planned) >= NUMPY_MIN_BYTES
+            total += reads[2].nbytes()
+    numpy = total >= NUMPY_MIN_BYTES
     with RandomAccessReader() as reader:
         for st, markers, finite in planned:
             try:

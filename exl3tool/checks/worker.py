@@ -2,8 +2,8 @@
 
 The child only computes: it returns plain data through a pipe (findings as `rows`), and the
 parent decides what to do with it. Whenever the child cannot be used (no fork, one core,
-`--threads 1`, other threads running, the child died, raised, was killed or did not answer in
-`TIMEOUT_S`) the parent runs the same function itself, so results never depend on whether a
+`--threads 1`, other threads running, the child died, raised, was killed or went silent for
+`TIMEOUT_S` while awaited) the parent runs the same function itself, so results never depend on whether a
 child ran. The child is always reaped: `close` (also on an exception or an interrupt in the
 parent) kills it if it still runs and waits for it; SIGINT and SIGTERM kill the child outright.
 """
@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 from exl3tool.rules.registry import Finding, Location, Severity, get_rule
 
 T = TypeVar("T")
-TIMEOUT_S = 300.0  # then the parent stops waiting and runs the function itself
+TIMEOUT_S = 120.0  # of silence while the parent waits: it then runs the function itself
 _CHUNK = 1 << 20
 Row = tuple[str, str, "str | None", "str | None", "str | None", "str | None"]
 
@@ -60,7 +60,6 @@ class Forked(Generic[T]):
         self._fn = fn
         self._pid = 0
         self._fd = -1
-        self._deadline = 0.0
         if parallel:
             self._start()
 
@@ -89,7 +88,6 @@ class Forked(Generic[T]):
                 os._exit(code)
         os.close(w)
         self._pid, self._fd = pid, r
-        self._deadline = time.monotonic() + TIMEOUT_S
 
     @property
     def started(self) -> bool:
@@ -104,11 +102,15 @@ class Forked(Generic[T]):
         return pickle.loads(data)  # our own child's bytes, over a pipe only it could write
 
     def _collect(self) -> bytes | None:
+        """The child's bytes; None when it failed or sent nothing for TIMEOUT_S (counted from
+        when the parent asks, and again from each chunk: a long run of the parent's own never
+        makes a finished child late)."""
         chunks: list[bytes] = []
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
+        deadline = time.monotonic() + TIMEOUT_S
         while True:
-            left = self._deadline - time.monotonic()
+            left = deadline - time.monotonic()
             if left <= 0:
                 self.close()
                 return None
@@ -118,6 +120,7 @@ class Forked(Generic[T]):
             if not chunk:
                 break
             chunks.append(chunk)
+            deadline = time.monotonic() + TIMEOUT_S
         status = self._reap(kill=False)
         return b"".join(chunks) if status == 0 else None
 

@@ -233,3 +233,23 @@ def test_results_prefetched_for_another_block_are_not_used(
     monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
     monkeypatch.setattr(r7, "prefetch_r7", lambda root: r7.Prefetched(wrong, {}, empty))
     assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
+
+
+def test_read_ahead_stops_at_its_byte_cap(
+    pristine: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exl3tool.checks import payload, r7
+
+    root = copy(pristine["r7"], tmp_path / "r7")
+    edit_shard(root, "r7-experts-layer-002.safetensors", _break_payload)
+    full = r7.prefetch_r7(root)
+    assert full is not None and len(full.facts) == 2
+    one = min(len(f.scanned) for f in full.facts.values())
+    assert one
+    monkeypatch.setattr(r7, "FACTS_MAX_TOTAL", 1)  # not even one vector: no facts at all
+    capped = r7.prefetch_r7(root)
+    assert capped is not None and not capped.facts
+    assert payload.FACTS_MAX_TOTAL >= 1 << 20
+    alone = _report(root, threads=1)
+    monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
+    assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
