@@ -1,6 +1,7 @@
 """Benchmark `exl3tool identity` against b3sum, sha256sum and a one-thread hashlib loop.
 
     python benchmarks/bench_identity.py [--gb 4] [--dir /tmp] [--threads N] [--repeat 3]
+                                        [--mix qwen3|glm] [--keep DIR]
 
 Builds ~4 GB of realistic EXL3 expert shards (trellis I16, suh/svh F16, mcg I32; 1 GB shards
 with an index), warms the page cache, then times each method on the same files (best of
@@ -103,9 +104,12 @@ def build(root: Path, gb: float) -> int:
     return total
 
 
-def timed(cmd: list[str], repeat: int, env: dict[str, str] | None = None) -> tuple[float, int]:
-    """Best wall time and the largest peak RSS (bytes) of `repeat` runs of a child."""
-    best, rss = float("inf"), 0
+def timed(
+    cmd: list[str], repeat: int, env: dict[str, str] | None = None
+) -> tuple[float, int, float]:
+    """Best wall time, the largest peak RSS (bytes) and the least CPU time (user + system
+    seconds: what the load of other processes changes least) of `repeat` runs of a child."""
+    best, rss, cpu = float("inf"), 0, float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
@@ -116,7 +120,8 @@ def timed(cmd: list[str], repeat: int, env: dict[str, str] | None = None) -> tup
         if p.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {err}")
         best, rss = min(best, dt), max(rss, usage.ru_maxrss * 1024)
-    return best, rss
+        cpu = min(cpu, usage.ru_utime + usage.ru_stime)
+    return best, rss, cpu
 
 
 # The least any Python program has to do for per-tensor digests: start, parse each header
@@ -237,6 +242,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--mix", choices=sorted(MIXES), default="qwen3", help="tensor-size mix")
     ap.add_argument("--build-only", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--keep", type=Path, default=None, help="build into (or reuse) this folder; keep it"
+    )
     args = ap.parse_args()
     global MIX
     MIX = MIXES[args.mix]
@@ -246,19 +254,28 @@ def main() -> None:
     b3sum = shutil.which("b3sum")
     if b3sum is None:
         raise SystemExit("b3sum not found: apt-get install -y b3sum (or cargo install b3sum)")
-    work = Path(tempfile.mkdtemp(prefix="bench-identity-", dir=args.dir))
+    work = args.keep or Path(tempfile.mkdtemp(prefix="bench-identity-", dir=args.dir))
+    marker, spec = work / ".bench-identity", f"{args.mix} {args.gb}\n"
     try:
         t0 = time.perf_counter()
-        out = subprocess.run(
-            [sys.executable, __file__, "--build-only", str(work), "--gb", str(args.gb),
-             "--mix", args.mix],
-            check=True, capture_output=True, text=True,
-        )  # fmt: skip
-        total = int(out.stdout.split()[-1])
-        files = sorted(work.glob("model-*.safetensors"))
-        print(
-            f"built {total / 1e9:.2f} GB in {len(files)} shards in {time.perf_counter() - t0:.0f} s"
-        )
+        if args.keep is not None and marker.exists() and marker.read_text() == spec:
+            files = sorted(work.glob("model-*.safetensors"))
+            total = sum(f.stat().st_size for f in files)
+            print(f"reusing {total / 1e9:.2f} GB in {len(files)} shards of {work}")
+        else:
+            work.mkdir(parents=True, exist_ok=True)
+            for old in work.glob("model-*.safetensors"):
+                old.unlink()
+            out = subprocess.run(
+                [sys.executable, __file__, "--build-only", str(work), "--gb", str(args.gb),
+                 "--mix", args.mix],
+                check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            total = int(out.stdout.split()[-1])
+            files = sorted(work.glob("model-*.safetensors"))
+            marker.write_text(spec)
+            took = time.perf_counter() - t0
+            print(f"built {total / 1e9:.2f} GB in {len(files)} shards in {took:.0f} s")
         n = args.threads
         exl = [sys.executable, "-m", "exl3tool", "identity", str(work), "--threads", str(n)]
         env_files = [str(f) for f in files]
@@ -267,7 +284,7 @@ def main() -> None:
         os.environ["EXL3TOOL_NO_PROGRESS"] = "1"
         pread_env = {**os.environ, "EXL3TOOL_NO_LEASE": "1"}
         # the fixed cost of a run (interpreter, imports, headers of a 1-tensor file)
-        dt0, _ = timed([*exl[:4], str(work / "tiny.safetensors"), "--no-compat"], args.repeat)
+        dt0, _, cpu0 = timed([*exl[:4], str(work / "tiny.safetensors"), "--no-compat"], args.repeat)
         methods: list[tuple[str, list[str], dict[str, str] | None]] = [
             (f"b3sum --num-threads {n}", [b3sum, "--num-threads", str(n), *env_files], None),
             ("identity --algo blake3 --no-compat", [*exl, "--algo", "blake3", "--no-compat"],
@@ -283,12 +300,13 @@ def main() -> None:
              [sys.executable, "-c", FLOOR, "sha256", str(n), *env_files], None),
         ]  # fmt: skip
         # round-robin, best of --repeat rounds: a load that comes and goes hits every method
-        best = [(float("inf"), 0)] * len(methods)
+        best = [(float("inf"), 0, float("inf"))] * len(methods)
         for _ in range(args.repeat):
             for i, (_, cmd, env) in enumerate(methods):
-                dt, rss = timed(cmd, 1, env)
-                best[i] = (min(best[i][0], dt), max(best[i][1], rss))
-        rows = [(m[0], total / dt / 1e9, rss) for m, (dt, rss) in zip(methods, best, strict=True)]
+                dt, rss, cpu = timed(cmd, 1, env)
+                best[i] = (min(best[i][0], dt), max(best[i][1], rss), min(best[i][2], cpu))
+        rows = [(m[0], total / b[0] / 1e9, b[1]) for m, b in zip(methods, best, strict=True)]
+        cpus = [b[2] for b in best]
         b3, ib3, ipr, floor, _, s_sum, is2, floor2 = (r[1] for r in rows)
         one = total / hashlib_one_thread(files, args.repeat) / 1e9
         rows.append(("hashlib.sha256, one thread, 8 MiB mmap updates", one, 0))
@@ -300,12 +318,13 @@ def main() -> None:
             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, best of "
             f"{args.repeat}",
             "",
-            "| method | GB/s | peak RSS MB |",
-            "|---|---|---|",
+            "| method | GB/s | peak RSS MB | CPU s |",
+            "|---|---|---|---|",
             *(
-                f"| {m} | {g:.2f} | {r / 1e6:.0f} |" if r else f"| {m} | {g:.2f} | - |"
-                for m, g, r in rows
+                f"| {m} | {g:.2f} | {r / 1e6:.0f} | {c:.2f} |"
+                for (m, g, r), c in zip(rows, cpus, strict=False)
             ),
+            f"| {rows[-1][0]} | {rows[-1][1]:.2f} | - | - |",
             "",
             f"* {how}",
             f"* blake3 identity / b3sum = {ib3 / b3:.2f} (target >= 0.9; 0.8 for the qwen3 "
@@ -314,6 +333,10 @@ def main() -> None:
             f"the first shard): {per:.1f} us, with pread {per_pread:.1f} us",
             f"* Python floor / b3sum = {floor / b3:.2f} (the most a Python CLI can reach here; "
             f"identity / floor = {ib3 / floor:.2f})",
+            f"* CPU seconds (least of the rounds): b3sum {cpus[0]:.2f}, blake3 identity "
+            f"{cpus[1]:.2f} (b3sum / identity = {cpus[0] / cpus[1]:.2f}), Python floor "
+            f"{cpus[3]:.2f}; one identity run of the 1-tensor file {cpu0:.3f}",
+            f"* load average at the end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}",
             f"* fixed cost of one identity run (start, imports, headers): {dt0:.2f} s; without it "
             f"blake3 identity / b3sum = {total / (total / ib3 / 1e9 - dt0) / 1e9 / b3:.2f}, "
             f"sha256 identity / ({n} x one-thread hashlib) = "
@@ -329,7 +352,8 @@ def main() -> None:
         text = "\n".join(lines)
         print(text)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
