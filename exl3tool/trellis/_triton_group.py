@@ -140,10 +140,16 @@ WEIGHT_WARPS = 8
 
 
 def launch_grouped(
-    trellises: Sequence[torch.Tensor], codebook: str, device: torch.device, launch
+    trellises: Sequence[torch.Tensor],
+    codebook: str,
+    device: torch.device,
+    launch,
+    stacked: bool = False,
 ) -> list[torch.Tensor]:
     """fp16 outputs [16·tk, 16·tn] of many trellises, in their order: one `launch(idx, outs,
-    codebook_name, rate)` per group of one shape and rate (at most MAX_GROUP matrices each)."""
+    codebook_name, rate)` per group of one shape and rate (at most MAX_GROUP matrices each).
+
+    stacked: outs is one tensor [len(idx), 16·tk, 16·tn] (the outputs are its views), else a list."""
     from exl3tool.trellis.bitstream import TILE, _check_trellis
     from exl3tool.trellis.decode import check_rate_codebook
 
@@ -153,12 +159,18 @@ def launch_grouped(
     result: list[torch.Tensor | None] = [None] * len(trellises)
     for (shape, rate), idx in groups.items():
         name = check_rate_codebook(rate, codebook)
-        outs = [torch.empty((shape[0] * TILE, shape[1] * TILE), dtype=torch.float16,
-                            device=device) for _ in idx]  # fmt: skip
+        size = (shape[0] * TILE, shape[1] * TILE)
         for a in range(0, len(idx), MAX_GROUP):
-            launch(idx[a : a + MAX_GROUP], outs[a : a + MAX_GROUP], name, rate)
-        for i, w in zip(idx, outs, strict=True):
-            result[i] = w
+            part = idx[a : a + MAX_GROUP]
+            if stacked:
+                outs = torch.empty((len(part), *size), dtype=torch.float16, device=device)
+                launch(part, outs, name, rate)
+                views = outs.unbind(0)
+            else:
+                views = [torch.empty(size, dtype=torch.float16, device=device) for _ in part]
+                launch(part, views, name, rate)
+            for i, w in zip(part, views, strict=True):
+                result[i] = w
     return result  # type: ignore[return-value]
 
 
@@ -168,30 +180,28 @@ def _table(rows: Sequence[Sequence[torch.Tensor]], device: torch.device) -> torc
 
 def decode_group(
     trellises: Sequence[torch.Tensor],
-    outs: Sequence[torch.Tensor],
+    out: torch.Tensor,
     codebook: str,
     rate,
     config: tuple[int, int, int] | None = None,
 ) -> None:
-    """Decode each trellis [tk, tn, Wd] into its fp16 out [16·tk, 16·tn], in one launch.
-
-    All trellises share shape and rate; outs are contiguous, on the trellises' device."""
+    """Decode each trellis [tk, tn, Wd] into out[i] (out: contiguous fp16 [m, 16·tk, 16·tn]), in
+    one launch. All trellises share shape and rate and lie on out's device."""
     tiles_k = trellises[0].shape[0]
-    n = outs[0].shape[1]
-    views = [_triton.as_words(t) for t in trellises]
+    n = out.shape[2]
+    views = [_triton.tile_rows(t) for t in trellises]
+    if any(rs != views[0][1] for _, rs in views):
+        views = [_triton.tile_rows(t.contiguous()) for t in trellises]
     row_stride = views[0][1]
-    if any(rs != row_stride for _, rs in views):
-        views = [_triton.as_words(t.contiguous()) for t in trellises]
-        row_stride = views[0][1]
     words = [w for w, _ in views]
-    table = _table(list(zip(words, outs, strict=True)), words[0].device)
+    table = torch.tensor([w.data_ptr() for w in words], dtype=torch.int64).to(out.device)
     cb_id = _triton._CB_ID[codebook]
 
     def run(cfg):
-        _triton.launch(words[0], outs[0], table, tiles_k, n, row_stride, cb_id, rate, cfg,
+        _triton.launch(words[0], out, table, tiles_k, n, row_stride, cb_id, rate, cfg,
                        grid_z=len(words))  # fmt: skip
 
-    run(config or _triton.pick_config(tiles_k, n, cb_id, rate, outs[0].device, run))
+    run(config or _triton.pick_config(tiles_k, n, cb_id, rate, out.device, run))
 
 
 def weight_group(

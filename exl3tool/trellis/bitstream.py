@@ -38,6 +38,7 @@ class Rate:
         return 16 * self.words
 
 
+@cache
 def rate_from_words(words: int) -> Rate:
     """Rate for a trellis last dimension; raise TrellisError if no K matches it."""
     if words % 16 == 0 and 1 <= words // 16 <= 8:

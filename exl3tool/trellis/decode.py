@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from exl3tool.trellis import _triton
 from exl3tool.trellis.bitstream import (
     POSITIONS,
     TILE,
@@ -121,6 +122,16 @@ def decode_rotated(
     matrix (TP slices); only those tiles are read. device: where to decode (default: the trellis's).
     backend: "auto" (Triton on CUDA when available, else torch), "torch" or "triton".
     """
+    if (
+        out is not None
+        and rows is None
+        and cols is None
+        and device is None
+        and backend == "auto"
+        and _triton.HAVE_TRITON
+        and _triton.relaunch(trellis, codebook, out)
+    ):  # the same call as an earlier one (same shapes, dtypes, devices): checks already passed
+        return out
     rate = _check_trellis(trellis)
     name = check_rate_codebook(rate, codebook)
     if rows is None and cols is None:
@@ -143,10 +154,9 @@ def decode_rotated(
         raise TrellisError(f"unknown backend {backend!r}")
     use_triton = backend == "triton" or (backend == "auto" and dev.type == "cuda")
     if use_triton:
-        from exl3tool.trellis import _triton
-
         if _triton.available(dev):
-            _triton.decode_rotated(sub, name, rate, out)
+            whole = sub is trellis and backend == "auto" and device is None
+            _triton.decode_rotated(sub, name, rate, out, remember=codebook if whole else None)
             return out
         if backend == "triton":
             raise TrellisError("the Triton backend is not available on this device")
@@ -182,8 +192,6 @@ def decode_rotated_many(
     if not trellises:
         return []
     dev = torch.device(device) if device is not None else trellises[0].device
-    from exl3tool.trellis import _triton
-
     if not _triton.available(dev):  # CUDA, or the CPU under the interpreter (tests)
         return [decode_rotated(t, codebook, device=dev) for t in trellises]
     from exl3tool.trellis import _triton_group
@@ -193,8 +201,8 @@ def decode_rotated_many(
         if t.dim() != 3:
             raise TrellisError(f"trellis must be 3-D [k/16, n/16, 16K], got {tuple(t.shape)}")
 
-    def launch(idx, outs, name, rate):
-        ts = [trellises[i].to(dev).contiguous() for i in idx]
-        _triton_group.decode_group(ts, outs, name, rate)
+    def launch(idx, stacked, name, rate):
+        ts = [trellises[i].to(dev) for i in idx]
+        _triton_group.decode_group(ts, stacked, name, rate)
 
-    return _triton_group.launch_grouped(trellises, codebook, dev, launch)
+    return _triton_group.launch_grouped(trellises, codebook, dev, launch, stacked=True)

@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent(
             assert same(part, ref[128:256, 128:384]), (K, cb, "slice")
         from exl3tool.trellis import _triton_group
         from exl3tool.trellis.bitstream import _check_trellis
-        outs = [torch.empty(256, 384, dtype=torch.float16) for _ in ts]
+        outs = torch.empty(len(ts), 256, 384, dtype=torch.float16)
         _triton_group.decode_group(ts, outs, tc.check_rate_codebook(_check_trellis(ts[0]), cb),
                                    _check_trellis(ts[0]))
         for t, o in zip(ts, outs):
