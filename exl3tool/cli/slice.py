@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -74,6 +75,8 @@ def slice_cmd(
     ] = False,
 ) -> None:
     """Slice for tensor parallelism; each rank reads only its own bytes (docs/formats/exl3.md §6)."""
+    if "numpy" not in sys.modules:  # its OpenBLAS starts a thread per core; slicing uses none
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from exl3tool.actions import slice as action
     from exl3tool.report.slice import plan_text
 

@@ -12,6 +12,7 @@ from typing import Any
 from exl3tool.formats.checkpoint import load_checkpoint
 from exl3tool.formats.detect import Kind, detect
 from exl3tool.io.atomic import atomic_dir
+from exl3tool.io.gcpause import paused_gc
 from exl3tool.rules import tp as tp_rules
 from exl3tool.rules.registry import Findings
 from exl3tool.tp.plan import plan_slices
@@ -104,6 +105,14 @@ def slice_artifact(
     kind = detect(source)
     if kind is Kind.CARTRIDGE:
         return _cartridge(source, out, opts, progress)
+    # the plan, the read plan and the manifest are ~10 acyclic objects per tensor slice
+    with paused_gc():
+        return _slice_checkpoint(source, kind, out, opts, progress)
+
+
+def _slice_checkpoint(
+    source: Path, kind: Kind, out: Path | None, opts: SliceOptions, progress: Any
+) -> SliceOutcome:
     findings = Findings()
     ckpt = load_checkpoint(source, findings, need_config=False)
     if findings.has_errors():

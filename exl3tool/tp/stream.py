@@ -9,10 +9,10 @@ thread of its own that takes its pieces of each block from the shared buffer. pr
 copies, hashing and write release the GIL.
 
 Source bytes are read with pread, never through a mapping (issue 15 item 1: a truncated
-mapped file kills the process with SIGBUS); resident memory is DEPTH block buffers plus a
-staging buffer per stream (CHUNK bytes each, less with many streams: `chunk_size` keeps them
-within BUFFER_BUDGET) whatever the source size. A shard that shrinks, changes or is replaced
-while read is `InputChanged` (exit 3, the file named). Each output part is written through its
+mapped file kills the process with SIGBUS); resident memory is DEPTH block buffers (CHUNK
+bytes each, less with many streams: `chunk_size` keeps them within BUFFER_BUDGET) plus STAGES
+stage buffers of STAGE bytes per stream, whatever the source size. A shard that shrinks,
+changes or is replaced while read is `InputChanged` (exit 3, the file named). Each output part is written through its
 stream's stage (`tp.outfile`: contiguous runs copied, column slices gathered, O_DIRECT where the
 file system takes it) and hashed (blake3, and sha256 when asked:
 `identity.engine.new_hasher`) from the stage as it is written: the digests are of the bytes
@@ -39,11 +39,12 @@ from exl3tool.tp.outfile import StagedFile, Stages
 from exl3tool.tp.pipeline import run_pipeline
 from exl3tool.tp.slices import ByteLayout, TensorSlice
 
-CHUNK = 8 << 20  # bytes per pread / write / gather buffer (less with many consumers)
+CHUNK = 4 << 20  # bytes per block read and gather buffer (less with many consumers)
 BUFFER_BUDGET = 256 << 20  # all consumers' buffers together, whatever the TP size
 DEPTH = 4  # pooled block buffers: the reader runs at most DEPTH - 1 blocks ahead
 DIRECT = True  # output files with O_DIRECT where the file system takes it (tp/outfile.py)
-STAGES = 2  # stage buffers per stream: one filled and hashed while the other is written
+STAGES = 3  # stage buffers per stream: one filled and hashed while the others are written
+STAGE = 2 << 20  # bytes per stage (at most the block size; fresh memory is dear on a VM)
 WRITEBACK = 64 << 20  # output bytes between asynchronous writeback starts
 DIRECT_RUN = 256 << 10  # strided runs at least this long are read one by one (no over-read)
 
@@ -219,7 +220,7 @@ class _Stream:
         path = self.root / part.path
         path.parent.mkdir(parents=True, exist_ok=True)
         if self._stages is None:
-            self._stages = Stages(self.chunk, STAGES)
+            self._stages = Stages(min(self.chunk, STAGE), STAGES)
         self._hashers = [new_hasher(a, self.hash_threads) for a in self.algos]
         self._file = StagedFile(
             path, self._stages, self._hashers, start_writeback, WRITEBACK, direct=DIRECT
