@@ -243,6 +243,8 @@ def launch(trellis, out, table, tiles_k, n, row_stride, cb_id, rate, cfg, grid_z
 
 def tile_rows(trellis: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(trellis [tk, tn, Wd] with contiguous tiles at a 4-byte address, u32 words per tile row)."""
+    if trellis.is_contiguous() and not trellis.data_ptr() % 4:
+        return trellis, trellis.shape[1] * trellis.shape[2] // 2
     if trellis.stride(2) != 1 or trellis.stride(1) != trellis.shape[2] or trellis.data_ptr() % 4:
         trellis = trellis.contiguous()
     if trellis.data_ptr() % 4:  # pragma: no cover - torch allocations are aligned

@@ -197,12 +197,12 @@ def decode_rotated_many(
     from exl3tool.trellis import _triton_group
 
     for t in trellises:
-        _check_trellis(t)
-        if t.dim() != 3:
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            _check_trellis(t)  # the type error first, as decode_rotated gives it
             raise TrellisError(f"trellis must be 3-D [k/16, n/16, 16K], got {tuple(t.shape)}")
 
     def launch(idx, stacked, name, rate):
-        ts = [trellises[i].to(dev) for i in idx]
+        ts = [t if t.device == dev else t.to(dev) for t in (trellises[i] for i in idx)]
         _triton_group.decode_group(ts, stacked, name, rate)
 
     return _triton_group.launch_grouped(trellises, codebook, dev, launch, stacked=True)
