@@ -1,7 +1,7 @@
 """Trellis decode throughput (issue 3): exl3tool vs exllamav3 `reconstruct`, same run.
 
     python benchmarks/bench_decode.py [--cpu] [--cuda] [--codebook mcg] [--repeat 20]
-                                      [--experts 64] [--no-dense]
+                                      [--experts 64] [--no-dense] [--sweep]
 
 Shapes: a 6144x2048 K=4 expert and an 8192x8192 K=4 dense layer (in x out). Reports weights/s for
 the rotated decode (Ŵ) and the effective weight (W_eff, matmul/FMA order and fused fp16 path), the
@@ -312,6 +312,40 @@ def bench_cuda_experts(repeat: int, experts: int) -> None:
                 torch.cuda.empty_cache()
 
 
+def sweep_configs(experts: int) -> None:
+    """Time every (tile rows, columns, warps) of the run decode on grouped launches, kernel only:
+    the table and the stacked output are built once, so host work is out of the figure."""
+    import itertools
+
+    from exl3tool.trellis import _triton
+    from exl3tool.trellis.bitstream import _check_trellis
+
+    print(f"run-decode configs, {experts} experts per launch, us per expert (kernel only)")
+    for k, n, K in ((6144, 2048, 4), (2048, 6144, 4), (6144, 2048, 2)):
+        ts = [torch.randint(-32768, 32768, (k // 16, n // 16, 16 * K), dtype=torch.int16,
+                            device="cuda") for _ in range(experts)]  # fmt: skip
+        out = torch.empty((experts, k, n), dtype=torch.half, device="cuda")
+        rate = _check_trellis(ts[0])
+        row_stride = _triton.tile_rows(ts[0])[1]
+        table = torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64, device="cuda")
+        res = []
+        for tr, bn, nw in itertools.product((1, 2, 4, 8, 16), (32, 64, 128, 256), (1, 2, 4, 8)):
+            if bn * 16 // nw < 32:
+                continue
+            cfg = (tr, bn, nw)
+
+            def once(cfg=cfg, ts=ts, out=out, table=table, rate=rate, rs=row_stride):
+                _triton.launch(ts[0], out, table, k // 16, n, rs, 1, rate, cfg, grid_z=experts)
+
+            t = _cuda_stream_time(once, 10)
+            res.append((t / experts, cfg))
+        res.sort()
+        bound = (ts[0].numel() * 2 + k * n * 2) / HBM_BYTES_PER_S
+        best = ", ".join(f"{c}: {t * 1e6:.1f}" for t, c in res[:6])
+        worst = ", ".join(f"{c}: {t * 1e6:.1f}" for t, c in res[-3:])
+        print(f"  {k}x{n} K={K} (bound {bound * 1e6:.1f} us) best {best}; worst {worst}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true")
@@ -320,12 +354,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--no-dense", action="store_true", help="skip the 6144x2048/8192x8192 section")
+    ap.add_argument("--sweep", action="store_true", help="time every run-decode config (CUDA)")
     args = ap.parse_args()
     do_cpu = args.cpu or not args.cuda
     do_cuda = args.cuda or (not args.cpu and torch.cuda.is_available())
     if do_cpu:
         bench_cpu(args.codebook, max(3, args.repeat // 4))
     if do_cuda:
+        if args.sweep:
+            sweep_configs(args.experts)
         if not args.no_dense:
             bench_cuda(args.codebook, args.repeat)
         bench_cuda_experts(args.repeat, args.experts)
