@@ -6,6 +6,10 @@ mcg marker words are written), so the ~350 GB of apparent size costs no disk. Th
 measured in the same run, is a plain `json.loads` of every safetensors header.
 
     python benchmarks/bench_validate.py [--keep DIR] [--repeat 3] [--profile]
+    python benchmarks/bench_validate.py --scaling [--tensors 10000,100000,1000000] [--keep DIR]
+
+`--scaling` builds the same shape with as many experts per layer as give about each tensor
+count (the cost per tensor, 10^4 to 10^6) and prints the CLI's and the floor's µs per tensor.
 """
 
 from __future__ import annotations
@@ -20,11 +24,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from exl3tool.actions.validate import validate_path
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.synth.r7 import R7Spec, build_r7
+
+# tensors per expert (75 layers x 3 projections x trellis, vector, marker, and the MTP layer's
+# 12) and the rest of the GLM-5.2 shape: 176,812 tensors at 256 experts
+PER_EXPERT = 75 * 3 * 3 + 12
+FIXED = 176_812 - 256 * PER_EXPERT
 
 GLM52 = R7Spec(
     num_hidden_layers=78,
@@ -58,12 +68,63 @@ def timed(fn, repeat: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def _cli(root: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "exl3tool",
+        "validate",
+        "--no-hash",
+        "--format",
+        "json",
+        str(root),
+    ]
+
+
+def scaling(base: Path, counts: list[int], repeat: int) -> int:
+    """µs per tensor of the CLI and of the floor at about each tensor count."""
+    env = {**os.environ, "EXL3TOOL_NO_PROGRESS": "1"}
+    print(f"cores: {len(os.sched_getaffinity(0))}, median of {repeat}")
+    print("| tensors | experts | json.loads s | CLI s | floor µs/tensor | CLI µs/tensor | ratio "
+          "| CLI µs per added tensor |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    last: tuple[int, float] | None = None
+    for want in counts:
+        experts = max(1, round((want - FIXED) / PER_EXPERT))
+        root = base / f"r7-{experts}-experts"
+        if not (root / "MANIFEST.json").is_file():
+            t = time.perf_counter()
+            build_r7(root, replace(GLM52, n_experts=experts))
+            print(f"built {root} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        t_json, n = timed(lambda r=root: json_headers(r), repeat)
+        t_cli, proc = timed(
+            lambda r=root: subprocess.run(_cli(r), capture_output=True, env=env), repeat
+        )
+        if proc.returncode != 0:
+            print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+            return 1
+        added = f"{(t_cli - last[1]) / (n - last[0]) * 1e6:.2f}" if last and n > last[0] else "-"
+        print(f"| {n:,} | {experts} | {t_json:.3f} | {t_cli:.3f} | {t_json / n * 1e6:.2f} | "
+              f"{t_cli / n * 1e6:.2f} | {t_cli / t_json:.1f}x | {added} |", flush=True)  # fmt: skip
+        last = (n, t_cli)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", type=Path, help="build into (and keep) this directory")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="print a cProfile of one validate")
+    ap.add_argument("--scaling", action="store_true", help="µs per tensor at --tensors counts")
+    ap.add_argument("--tensors", default="10000,100000,1000000")
     args = ap.parse_args()
+    if args.scaling:
+        base = args.keep or Path(tempfile.mkdtemp(prefix="bench-validate-scaling-"))
+        try:
+            return scaling(base, [int(x) for x in args.tensors.split(",")], args.repeat)
+        finally:
+            if args.keep is None:
+                shutil.rmtree(base, ignore_errors=True)
     tmp = None
     if args.keep is None:
         tmp = Path(tempfile.mkdtemp(prefix="bench-validate-"))
@@ -80,16 +141,7 @@ def main() -> int:
         t_json, n = timed(lambda: json_headers(root), args.repeat)
         opts = ValidateOptions(hash=False)
         t_val, (ref, findings) = timed(lambda: validate_path(root, opts), args.repeat)
-        cli = [
-            sys.executable,
-            "-m",
-            "exl3tool",
-            "validate",
-            "--no-hash",
-            "--format",
-            "json",
-            str(root),
-        ]
+        cli = _cli(root)
         env = {**os.environ, "EXL3TOOL_NO_PROGRESS": "1"}
         t_cli, proc = timed(lambda: subprocess.run(cli, capture_output=True, env=env), args.repeat)
         summary = json.loads(proc.stdout)["summary"]

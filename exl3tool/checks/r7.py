@@ -174,7 +174,8 @@ def check_r7(
             check_routers(ckpt, block.layers, n_exp, hidden, rule=r7.R7_ROUTER, findings=later)
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
         check_linears(group_linears(others), ckpt.tensors, later, reader, finite)
-        got = prefetched.result() if prefetched is not None and digests is None else None
+        # what the worker read ahead, if it gave it (else everything is read here, as always)
+        got = prefetched.from_child(None) if prefetched is not None and digests is None else None
         pre = got if got is not None and block is not None and got.block == block else None
         flush_payload_checks(reader, finite, later, pre.facts if pre else None)
     if run_manifests:

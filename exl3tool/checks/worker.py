@@ -26,6 +26,7 @@ from exl3tool.rules.registry import Finding, Location, Severity, get_rule
 T = TypeVar("T")
 TIMEOUT_S = 120.0  # of silence while the parent waits: it then runs the function itself
 _CHUNK = 1 << 20
+_NONE = object()
 Row = tuple[str, str, "str | None", "str | None", "str | None", "str | None"]
 
 
@@ -96,9 +97,14 @@ class Forked(Generic[T]):
 
     def result(self) -> T:
         """The child's value, or `fn()` computed here when the child gave none."""
+        got = self.from_child(_NONE)
+        return self._fn() if got is _NONE else got
+
+    def from_child(self, default: Any) -> Any:
+        """The child's value, or `default` when it gave none (nothing is computed here)."""
         data = self._collect() if self._pid else None
         if data is None:
-            return self._fn()
+            return default
         return pickle.loads(data)  # our own child's bytes, over a pipe only it could write
 
     def _collect(self) -> bytes | None:

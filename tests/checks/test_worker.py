@@ -69,6 +69,10 @@ def test_a_failed_child_is_replaced_by_the_parent(how: str) -> None:
         pid = work._pid
         assert work.result() == "parent"
     assert _reaped(pid)
+    with Forked(fn, parallel=True) as work:
+        pid = work._pid
+        assert work.from_child("none") == "none"  # nothing computed in the parent
+    assert _reaped(pid)
 
 
 @needs_fork
@@ -252,4 +256,19 @@ def test_read_ahead_stops_at_its_byte_cap(
     assert payload.FACTS_MAX_TOTAL >= 1 << 20
     alone = _report(root, threads=1)
     monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
+    assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
+
+
+@needs_fork
+def test_a_worker_that_dies_changes_nothing(
+    pristine: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exl3tool.checks import r7
+
+    root = copy(pristine["r7"], tmp_path / "r7")
+    _manifest_mutations(root)
+    edit_shard(root, "r7-experts-layer-001.safetensors", _break_payload)
+    alone = _report(root, threads=1)
+    monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
+    monkeypatch.setattr(r7, "prefetch_r7", lambda root: os._exit(1))  # the parent never runs it
     assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
