@@ -52,6 +52,27 @@ def test_cuda_rotated_matches_cpu(K, cb):
     assert torch.equal(tc.pack(st, K), t)
 
 
+@pytest.mark.parametrize(("K", "cb"), [(2, "mcg"), (4, "mul1"), (7, "3inst")])
+def test_cuda_repeat_call_relaunch(K, cb):
+    """Repeat whole-matrix calls into `out` (the relaunch path) decode each new trellis; a call
+    that differs in shape, dtype or codebook goes through the checks again."""
+    from exl3tool.trellis import _triton
+
+    out = torch.empty(256, 384, dtype=torch.float16, device="cuda")
+    for seed in range(3):
+        t = _rand_trellis(256, 384, K, seed=50 + seed)
+        assert tc.decode_rotated(t, cb, out=out) is out
+        assert _same(out, tc.decode_rotated(t.cpu(), cb)), seed
+    assert _triton._plans, "no call was kept for relaunch"
+    with pytest.raises(tc.TrellisError):
+        tc.decode_rotated(t, cb, out=torch.empty(256, 368, dtype=torch.float16, device="cuda"))
+    with pytest.raises(tc.TrellisError):
+        tc.decode_rotated(t.to(torch.int32), cb, out=out)
+    other = "mcg" if cb != "mcg" else "mul1"
+    tc.decode_rotated(t, other, out=out)
+    assert _same(out, tc.decode_rotated(t.cpu(), other))
+
+
 @pytest.mark.parametrize(("K", "cb"), [(4, "mul1"), (2.5, "mul1"), (3, "mcg"), (6, "3inst")])
 def test_cuda_effective_matches_cpu(K, cb):
     t = _rand_trellis(512, 768, K, seed=7)
