@@ -5,8 +5,8 @@ short command's fixed cost. `plain_command(argv)` recognises the common plain fo
 `exl3tool identity PATH [options]` (each option at most once, as separate words, every value
 one that typer would accept unchanged) and returns the command to run; for anything else
 (help, `--opt=value`, a value typer would reject or convert, an unknown option, a repeated
-one, `--`) it returns None and typer parses the line as always, with its own messages and exit
-codes. A plain run calls the same body as the typer command (`identity_body`) and maps errors
+one, `--`, shell completion) it returns None and typer parses the line as always, with its
+own messages and exit codes. A plain run calls the same body as the typer command (`identity_body`) and maps errors
 to the same one-line messages and exit codes (`handle_errors` in cli/common.py), so outputs,
 files and exit codes are the same both ways (tests/cli/test_plain_lines.py runs both).
 
@@ -179,8 +179,8 @@ def _identity_args(args: list[str]) -> dict[str, Any] | None:
 def plain_command(argv: list[str]) -> Callable[[], int] | None:
     """The command for a plain `argv` (the words after `exl3tool`), or None: typer parses
     it. The command's modules are imported here, its work and exit code come from the call."""
-    if len(argv) < 2 or argv[0] != "identity":
-        return None
+    if len(argv) < 2 or argv[0] != "identity" or "_EXL3TOOL_COMPLETE" in os.environ:
+        return None  # (click answers shell completion when that variable is set)
     kwargs = _identity_args(argv[1:])
     if kwargs is None:
         return None

@@ -148,8 +148,11 @@ def test_an_unreadable_path_value_goes_through_typer(tmp_path: Path) -> None:
     assert (kwargs is not None) == os.access(rec, os.R_OK)
 
 
-def test_only_identity_lines_are_plain() -> None:
+def test_only_identity_lines_are_plain(monkeypatch: pytest.MonkeyPatch) -> None:
     assert plain_command(["validate", "x"]) is None
+    monkeypatch.setenv("_EXL3TOOL_COMPLETE", "bash_complete")  # click answers completion
+    assert plain_command(["identity", "x"]) is None
+    monkeypatch.delenv("_EXL3TOOL_COMPLETE")
     assert plain_command(["identity"]) is None
     assert _identity_args(["x", "--no-compat", "--threads", "12", "-o", "o.json"]) == {
         "path": "x",
