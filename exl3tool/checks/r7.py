@@ -4,6 +4,10 @@ Order: the block (schema, then the integer rules vLLM enforces; `r7_block`), emb
 copies, every routed expert of every layer (`r7_experts`), per-layer manifests (`r7_manifests`),
 MANIFEST.json and its seal (`r7_seal`), the carried MTP tail (`rank_sliced`), TP alignment.
 Digests are recomputed only under `--hash`.
+
+What needs only the files (the per-layer manifests, the layer shards' markers and small
+vectors) may be read ahead by a worker forked before the checkpoint loads (`prefetch_r7`,
+`checks/worker`); the findings and their order are the same either way.
 """
 
 from __future__ import annotations

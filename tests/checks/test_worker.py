@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from checks_fixtures import copy, edit_json, edit_shard
 
+from exl3tool.actions import validate
 from exl3tool.actions.validate import validate_path
 from exl3tool.checks import worker
 from exl3tool.checks.options import ValidateOptions
@@ -212,6 +213,7 @@ def test_manifest_findings_are_the_same_forked_or_not(
 
     monkeypatch.setattr(Forked, "_start", start)
     monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
+    monkeypatch.setattr(validate, "PREFETCH_MIN_BYTES", 0)
     alone = _report(root, threads=1)
     assert not forked
     both = _report(root, threads=None)
@@ -235,6 +237,7 @@ def test_results_prefetched_for_another_block_are_not_used(
     wrong = Block(1, 1, frozenset({2}), "quantization_config.json", "/r7_routed_experts")
     empty = r7_manifests.ManifestResults((), (), frozenset())
     monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
+    monkeypatch.setattr(validate, "PREFETCH_MIN_BYTES", 0)
     monkeypatch.setattr(r7, "prefetch_r7", lambda root: r7.Prefetched(wrong, {}, empty))
     assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
 
@@ -256,6 +259,7 @@ def test_read_ahead_stops_at_its_byte_cap(
     assert payload.FACTS_MAX_TOTAL >= 1 << 20
     alone = _report(root, threads=1)
     monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
+    monkeypatch.setattr(validate, "PREFETCH_MIN_BYTES", 0)
     assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
 
 
@@ -270,5 +274,6 @@ def test_a_worker_that_dies_changes_nothing(
     edit_shard(root, "r7-experts-layer-001.safetensors", _break_payload)
     alone = _report(root, threads=1)
     monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
+    monkeypatch.setattr(validate, "PREFETCH_MIN_BYTES", 0)
     monkeypatch.setattr(r7, "prefetch_r7", lambda root: os._exit(1))  # the parent never runs it
     assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
