@@ -194,6 +194,19 @@ def _current_stream(device: torch.device) -> int:
         return torch.cuda.current_stream(device).cuda_stream
 
 
+def _geometry(tiles_k, n, cb_id, rate, cfg, grid_z, grouped) -> tuple[tuple, tuple]:
+    """(grid, constexpr arguments) of one run-decode launch."""
+    tr, bn, _ = cfg
+    grid = (triton.cdiv(tiles_k, tr), triton.cdiv(n, bn), grid_z)
+    return grid, (rate.words, rate.bits, rate.half, cb_id, run_length(rate), tr, bn, grouped)
+
+
+def _run_compiled(run, function, metadata, grid, device, args) -> None:
+    """Launch a compiled kernel directly. Triton >= 3.3 launcher ABI: grid, stream, function,
+    metadata, launch metadata, enter/exit hooks, then every bound argument (constexprs too)."""
+    run(*grid, _current_stream(device), function, metadata, None, None, None, *args)
+
+
 def launch(trellis, out, table, tiles_k, n, row_stride, cb_id, rate, cfg, grid_z=1):
     """One launch of the run decode; the compiled kernel (CUDA), for `remember`, or None.
 
@@ -202,19 +215,15 @@ def launch(trellis, out, table, tiles_k, n, row_stride, cb_id, rate, cfg, grid_z
     global _fast_ok
     tr, bn, nw = cfg
     grouped = table is not None
-    grid = (triton.cdiv(tiles_k, tr), triton.cdiv(n, bn), grid_z)
-    consts = (rate.words, rate.bits, rate.half, cb_id, run_length(rate), tr, bn, grouped)
+    grid, consts = _geometry(tiles_k, n, cb_id, rate, cfg, grid_z, grouped)
     dev = out.device
     key = (consts, nw, dev, trellis.data_ptr() % 16, out.data_ptr() % 16)
     kernel = _compiled.get(key) if _fast_ok and dev.type == "cuda" else None
     table_arg = table if grouped else trellis
     if kernel is not None:
         try:
-            # triton >= 3.3 launcher ABI: grid, stream, function, metadata, launch metadata,
-            # enter/exit hooks, then every bound argument (constexprs included) in order.
-            kernel.run(*grid, _current_stream(dev), kernel.function, kernel.packed_metadata,
-                       None, None, None, trellis, out, table_arg, tiles_k, n, row_stride,
-                       *consts)  # fmt: skip
+            _run_compiled(kernel.run, kernel.function, kernel.packed_metadata, grid, dev,
+                          (trellis, out, table_arg, tiles_k, n, row_stride, *consts))  # fmt: skip
             return kernel
         except Exception:  # another triton ABI: use the regular path from now on
             _fast_ok = False
@@ -295,12 +304,10 @@ def decode_rotated(
     )  # fmt: skip
     kernel = launch(words, out, None, tiles_k, n, row_stride, cb_id, rate, cfg)
     if remember is not None and kernel is not None and words is trellis and _fast_ok:
-        tr, bn, _ = cfg
-        grid = (triton.cdiv(tiles_k, tr), triton.cdiv(n, bn), 1)
-        consts = (rate.words, rate.bits, rate.half, cb_id, run_length(rate), tr, bn, False)
+        grid, consts = _geometry(tiles_k, n, cb_id, rate, cfg, 1, False)
         _plans[_plan_key(trellis, remember, out)] = (
-            kernel.run, grid, kernel.function, kernel.packed_metadata,
-            (tiles_k, n, row_stride, *consts), out.device,
+            kernel.run, kernel.function, kernel.packed_metadata, grid, out.device,
+            (tiles_k, n, row_stride, *consts),
         )  # fmt: skip
 
 
@@ -325,10 +332,9 @@ def relaunch(trellis: torch.Tensor, codebook, out: torch.Tensor) -> bool:
     plan = _plans.get(_plan_key(trellis, codebook, out))
     if plan is None:
         return False
-    run, grid, function, metadata, args, dev = plan
+    run, function, metadata, grid, dev, args = plan
     try:
-        run(*grid, _current_stream(dev), function, metadata, None, None, None,
-            trellis, out, trellis, *args)  # fmt: skip
+        _run_compiled(run, function, metadata, grid, dev, (trellis, out, trellis, *args))
     except Exception:  # another triton ABI: the regular path from now on
         _fast_ok = False
         return False
