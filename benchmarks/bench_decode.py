@@ -18,10 +18,19 @@ call and back-to-back, and the fused effective-weight kernel against exllamav3's
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+# On the lent H200 (torch 2.11.0+cu130), the default expandable-segments allocator made this
+# script's first grouped 2048x6144 launch fail with an illegal address once exllamav3's
+# get_weight_tensor and empty_cache had run in the same process (reproduced three times; with
+# CUDA_LAUNCH_BLOCKING too). exl3tool's kernels alone, in the same order, pass; compute-sanitizer's
+# memcheck saw no invalid access. With plain segments the whole run passes, so they are the default
+# here (RESULTS, "Issue 16, sixth landing").
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
 
 import torch
 

@@ -201,6 +201,16 @@ def _geometry(tiles_k, n, cb_id, rate, cfg, grid_z, grouped) -> tuple[tuple, tup
     return grid, (rate.words, rate.bits, rate.half, cb_id, run_length(rate), tr, bn, grouped)
 
 
+def _specialized(*args) -> tuple:
+    """What Triton specializes a compiled kernel on, per argument: a pointer's 16-byte alignment,
+    an integer's divisibility by 16 and equality to 1. A kernel kept for relaunch is reused only
+    for arguments that would have compiled to the same specialization."""
+    return tuple(
+        a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else (a == 1, a % 16 == 0)
+        for a in args
+    )
+
+
 def _run_compiled(run, function, metadata, grid, device, args) -> None:
     """Launch a compiled kernel directly. Triton >= 3.3 launcher ABI: grid, stream, function,
     metadata, launch metadata, enter/exit hooks, then every bound argument (constexprs too)."""
@@ -217,9 +227,9 @@ def launch(trellis, out, table, tiles_k, n, row_stride, cb_id, rate, cfg, grid_z
     grouped = table is not None
     grid, consts = _geometry(tiles_k, n, cb_id, rate, cfg, grid_z, grouped)
     dev = out.device
-    key = (consts, nw, dev, trellis.data_ptr() % 16, out.data_ptr() % 16)
-    kernel = _compiled.get(key) if _fast_ok and dev.type == "cuda" else None
     table_arg = table if grouped else trellis
+    key = (consts, nw, dev, _specialized(trellis, out, table_arg, tiles_k, n, row_stride))
+    kernel = _compiled.get(key) if _fast_ok and dev.type == "cuda" else None
     if kernel is not None:
         try:
             _run_compiled(kernel.run, kernel.function, kernel.packed_metadata, grid, dev,
