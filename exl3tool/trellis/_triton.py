@@ -211,14 +211,40 @@ def _specialized(*args) -> tuple:
     )
 
 
-def _run_compiled(run, function, metadata, grid, device, args) -> None:
-    """Launch a compiled kernel directly. Triton >= 3.3 launcher ABI: grid, stream, function,
-    metadata, launch metadata, enter/exit hooks, then every bound argument (constexprs too)."""
-    run(*grid, _current_stream(device), function, metadata, None, None, None, *args)
+def _starter(kernel) -> tuple:
+    """(launch function, its arguments between the stream and the kernel's own) of a compiled kernel.
+
+    Triton's launcher object (>= 3.3) takes grid, stream, function, metadata, launch metadata and
+    enter/exit hooks, then every bound argument (constexprs too). Where its call only forwards to
+    the compiled C launcher (no scratch memory, Triton 3.5/3.6), that launcher is called directly,
+    one Python frame less per launch."""
+    run = kernel.run
+    head = (kernel.function, kernel.packed_metadata, None, None, None)
+    call = getattr(type(run).__call__, "__code__", None)
+    if (
+        call is not None
+        and "allocate_scratch" in call.co_varnames
+        and callable(getattr(run, "launch", None))
+        and getattr(run, "global_scratch_size", 1) == 0
+        and getattr(run, "profile_scratch_size", 1) == 0
+        and hasattr(run, "launch_cooperative_grid")
+        and hasattr(run, "launch_pdl")
+    ):
+        fixed = (run.launch_cooperative_grid, run.launch_pdl, None, None)
+        return run.launch, (kernel.function, *fixed, *head[1:])
+    return run, head
+
+
+def _run_compiled(starter, grid, device, args) -> None:
+    """Launch a compiled kernel directly (see `_starter`). Pointer arguments are passed as
+    addresses: the launcher then skips its own per-pointer driver query; every caller has already
+    checked that they are CUDA tensors on `device`."""
+    fn, head = starter
+    fn(*grid, _current_stream(device), *head, *args)
 
 
 def launch(trellis, out, table, tiles_k, n, row_stride, cb_id, rate, cfg, grid_z=1):
-    """One launch of the run decode; the compiled kernel (CUDA), for `remember`, or None.
+    """One launch of the run decode; (compiled kernel, starter) on CUDA, for `remember`, or None.
 
     trellis: int16 with contiguous tiles (any of the group when `table` is given); out: the
     output, or with a table the stacked outputs of all grid_z matrices."""
@@ -229,12 +255,12 @@ def launch(trellis, out, table, tiles_k, n, row_stride, cb_id, rate, cfg, grid_z
     dev = out.device
     table_arg = table if grouped else trellis
     key = (consts, nw, dev, _specialized(trellis, out, table_arg, tiles_k, n, row_stride))
-    kernel = _compiled.get(key) if _fast_ok and dev.type == "cuda" else None
-    if kernel is not None:
+    kept = _compiled.get(key) if _fast_ok and dev.type == "cuda" else None
+    if kept is not None:
         try:
-            _run_compiled(kernel.run, kernel.function, kernel.packed_metadata, grid, dev,
-                          (trellis, out, table_arg, tiles_k, n, row_stride, *consts))  # fmt: skip
-            return kernel
+            _run_compiled(kept[1], grid, dev, (trellis.data_ptr(), out.data_ptr(),
+                          table_arg.data_ptr(), tiles_k, n, row_stride, *consts))  # fmt: skip
+            return kept
         except Exception:  # another triton ABI: use the regular path from now on
             _fast_ok = False
     kernel = _run_decode_kernel[grid](
@@ -255,8 +281,8 @@ def launch(trellis, out, table, tiles_k, n, row_stride, cb_id, rate, cfg, grid_z
         num_warps=nw,
     )
     if dev.type == "cuda" and hasattr(kernel, "run") and hasattr(kernel, "function"):
-        _compiled[key] = kernel
-        return kernel
+        kept = _compiled[key] = (kernel, _starter(kernel))
+        return kept
     return None
 
 
@@ -312,13 +338,15 @@ def decode_rotated(
         tiles_k, n, cb_id, rate, out.device,
         lambda cand: launch(words, out, None, tiles_k, n, row_stride, cb_id, rate, cand),
     )  # fmt: skip
-    kernel = launch(words, out, None, tiles_k, n, row_stride, cb_id, rate, cfg)
-    if remember is not None and kernel is not None and words is trellis and _fast_ok:
+    kept = launch(words, out, None, tiles_k, n, row_stride, cb_id, rate, cfg)
+    if remember is not None and kept is not None and words is trellis and _fast_ok:
         grid, consts = _geometry(tiles_k, n, cb_id, rate, cfg, 1, False)
         _plans[_plan_key(trellis, remember, out)] = (
-            kernel.run, kernel.function, kernel.packed_metadata, grid, out.device,
+            kept[1],
+            grid,
+            out.device,
             (tiles_k, n, row_stride, *consts),
-        )  # fmt: skip
+        )
 
 
 # Whole-matrix calls already seen, by everything their checks depended on: a repeat call
@@ -342,9 +370,10 @@ def relaunch(trellis: torch.Tensor, codebook, out: torch.Tensor) -> bool:
     plan = _plans.get(_plan_key(trellis, codebook, out))
     if plan is None:
         return False
-    run, function, metadata, grid, dev, args = plan
+    starter, grid, dev, args = plan
     try:
-        _run_compiled(run, function, metadata, grid, dev, (trellis, out, trellis, *args))
+        words = trellis.data_ptr()
+        _run_compiled(starter, grid, dev, (words, out.data_ptr(), words, *args))
     except Exception:  # another triton ABI: the regular path from now on
         _fast_ok = False
         return False
