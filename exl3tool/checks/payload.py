@@ -21,9 +21,10 @@ from exl3tool.io.safetensors import MAX_HEADER, FileStamp, SafetensorsFile, Tens
 from exl3tool.io.views import TensorReader
 from exl3tool.rules.registry import Findings
 
-# Total vector bytes from which the scan uses numpy (its import costs what Python integers
-# take for ~10 MB of words; numpy then scans ~5 GB/s).
-NUMPY_MIN_BYTES = 4 << 20
+# Vector bytes scanned by one process from which it uses numpy: its import and first use cost
+# ~0.1-0.2 s, what Python integers take for ~30 MB of words (GLM-5.2's MTP shard, 12.6 MB:
+# 0.04 s with integers); numpy then scans ~5 GB/s.
+NUMPY_MIN_BYTES = 32 << 20
 
 _I32 = struct.Struct("<i")
 
@@ -228,16 +229,25 @@ def run_deferred(
     `facts`: shards read ahead (`read_facts`), used where their stamp still holds."""
     marked = _by_shard(markers._items if markers is not None else [])
     scanned = _by_shard(finite._items)
-    use_numpy = finite.nbytes() >= NUMPY_MIN_BYTES
+    results: dict[Path, tuple[list[tuple[TensorRef, int, int]], list[TensorRef]]] = {}
+    left: list[Path] = []  # the shards read here, not from facts
+    for path in {**marked, **scanned}:
+        known = facts.get(path) if facts else None
+        if known is not None:
+            items = marked.get(path) or scanned[path]
+            if known.stamp == items[0][0].shard.stamp:
+                got = _from_facts(known, marked.get(path, []), scanned.get(path, []))
+                if got is not None:
+                    results[path] = got
+                    continue
+        left.append(path)
+    # numpy only for what this process scans itself (facts read ahead need no scan)
+    own = sum(r.info.nbytes for path in left for r, _ in scanned.get(path, ()))
+    use_numpy = own >= NUMPY_MIN_BYTES
 
     def check(path: Path) -> tuple[list[tuple[TensorRef, int, int]], list[TensorRef]]:
         m_items, f_items = marked.get(path, []), scanned.get(path, [])
         items = m_items + f_items
-        known = facts.get(path) if facts else None
-        if known is not None and known.stamp == items[0][0].shard.stamp:
-            got = _from_facts(known, m_items, f_items)
-            if got is not None:
-                return got
         spans = [(r.info.begin, r.info.end) for r, _ in items]
         data, pos = reader.gather(items[0][0].shard, spans)
         unpack = _I32.unpack_from
@@ -251,7 +261,8 @@ def run_deferred(
         placed = list(zip((r for r, _ in f_items), pos[len(m_items) :], strict=True))
         return wrong, (_scan_numpy if use_numpy else _scan_ints)(data, placed)
 
-    results = {path: check(path) for path in {**marked, **scanned}}
+    for path in left:
+        results[path] = check(path)
     wrong = {p: r[0] for p, r in results.items()}
     failed = {p: r[1] for p, r in results.items()}
     for path in marked:
@@ -321,12 +332,12 @@ def _scan_words(
     starts = np.fromiter((p // size for _, p in aligned), np.int64, len(aligned))
     # words of each payload (its numel may disagree with its bytes: the header checks say so)
     counts = np.fromiter((r.info.nbytes // size for r, _ in aligned), np.int64, len(aligned))
-    ends = np.cumsum(counts)
-    index = np.repeat(starts - (ends - counts), counts) + np.arange(ends[-1])
-    hit = (words[index] & mask) == mask
-    if hit.any():
-        for i in np.unique(np.searchsorted(ends, np.flatnonzero(hit), side="right")):
-            bad.append(aligned[i][0])
+    # NaN/Inf words before each word (payloads may overlap, and gaps read along may hold
+    # trellis words that look like NaN): a payload fails when its words add some
+    before = np.zeros(words.size + 1, np.int64)
+    np.cumsum((words & mask) == mask, out=before[1:])
+    for i in np.flatnonzero(before[starts + counts] > before[starts]):
+        bad.append(aligned[i][0])
     return bad
 
 
