@@ -7,7 +7,7 @@ from typing import Any
 
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.r7 import Block
-from exl3tool.io.schemas import schema_errors
+from exl3tool.io.schemas import schema, schema_errors
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules import r7 as r7
@@ -34,7 +34,8 @@ def check_block(block: Any, file: str, base: str, findings: Findings) -> Block |
         )
         return None
     reported: set[str] = set()
-    for ptr, msg, path in schema_errors(BLOCK_SCHEMA, block):
+    errors = [] if surely_valid(schema(BLOCK_SCHEMA), block) else schema_errors(BLOCK_SCHEMA, block)
+    for ptr, msg, path in errors:
         key = str(path[0]) if path else ""
         if key in reported:
             continue
@@ -67,6 +68,57 @@ def check_block(block: Any, file: str, base: str, findings: Findings) -> Block |
     if not ok_layers:
         return None
     return Block(ml[0], ml[1], frozenset(kv) if ok_k else frozenset((3, 4, 5)), file, base)
+
+
+# The keywords `surely_valid` understands; annotations constrain nothing.
+_ANNOTATIONS = frozenset(("$schema", "$id", "title", "description"))
+_TYPES = {"object": dict, "array": list, "string": str}
+
+
+def surely_valid(sub: Any, value: Any) -> bool:
+    """True only when the JSON Schema `sub` (keywords as in draft 2020-12) finds no error in
+    `value`, by stricter tests than the schema's own (integers are `int` only, constants and
+    enums are of their own type): the usual valid block needs no jsonschema import (~50 ms).
+    False for anything else, also a keyword it does not know: jsonschema then decides."""
+    if type(sub) is not dict:
+        return False
+    for key, want in sub.items():
+        if key in _ANNOTATIONS:
+            continue
+        if key == "type":
+            if want == "integer":
+                ok = type(value) is int
+            else:
+                kind = _TYPES.get(want) if type(want) is str else None
+                ok = kind is not None and isinstance(value, kind)
+        elif key in ("const", "enum"):
+            options = [want] if key == "const" else want
+            ok = type(options) is list and any(
+                type(o) in (str, int) and type(value) is type(o) and value == o for o in options
+            )
+        elif key == "minimum":
+            ok = type(value) is int and type(want) is int and value >= want
+        elif key in ("minItems", "maxItems"):
+            ok = isinstance(value, list) and type(want) is int
+            ok = ok and (len(value) >= want if key == "minItems" else len(value) <= want)
+        elif key == "required":
+            ok = isinstance(value, dict) and type(want) is list and all(k in value for k in want)
+        elif key == "additionalProperties":
+            ok = want is True
+        elif key == "properties":
+            ok = isinstance(value, dict) and type(want) is dict
+            ok = ok and all(surely_valid(want[k], v) for k, v in value.items() if k in want)
+        elif key == "prefixItems":
+            ok = isinstance(value, list) and type(want) is list
+            ok = ok and all(surely_valid(s, v) for s, v in zip(want, value, strict=False))
+        elif key == "items":  # past prefixItems
+            start = len(sub.get("prefixItems", ()))
+            ok = isinstance(value, list) and all(surely_valid(want, v) for v in value[start:])
+        else:
+            return False
+        if not ok:
+            return False
+    return True
 
 
 def _diffs(a: Any, b: Any, ptr: str, out: list[str], limit: int = 5) -> None:

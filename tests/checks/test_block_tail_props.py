@@ -10,11 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exl3tool.checks.payload import FiniteCheck, RandomAccessReader, Scan
-from exl3tool.checks.r7_block import check_block
+from exl3tool.checks.r7_block import BLOCK_SCHEMA, check_block, surely_valid
 from exl3tool.checks.rank_sliced import TENSOR_SCHEMA, TailContext, check_tail
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.experts import ExpertTable
 from exl3tool.formats.tail import parse_tail
+from exl3tool.io.schemas import schema, schema_errors
 from exl3tool.rules import r7
 from exl3tool.rules.registry import Findings
 
@@ -102,6 +103,52 @@ def test_block_that_is_not_a_valid_object(value: object) -> None:
     block = check_block(value, "q.json", "/r7_routed_experts", f)
     assert f.has_errors()  # any random value lacks a required field or is no object
     assert block is None or _block_legal("moe_layers", value.get("moe_layers"))
+
+
+OPTIONAL = {  # the block's optional fields, each with a value of its schema type
+    "marker": "CODEX_ROUND7",
+    "feature_version": 1,
+    "tp_slice_quantum": 128,
+    "bit_map_manifests": ["a.json"],
+    "codebook_overrides": {},
+    "unknown_field": [1.5],
+}
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@given(
+    key=st.sampled_from(sorted(GOOD_BLOCK) + sorted(OPTIONAL) + ["tp_slice_quantum"]),
+    value=VALUES | st.sampled_from([0, 1, 3, 4, 5, 128, "mcg", True, 3.0, [3], [0, 0], [1, 2, 3]]),
+    optional=st.booleans(),
+    drop=st.booleans(),
+)
+def test_surely_valid_block_has_no_schema_error(
+    key: str, value: object, optional: bool, drop: bool
+) -> None:
+    """The jsonschema-free test never calls a block valid that the schema faults (so the
+    findings are the same with or without it), and it does call the usual blocks valid."""
+    block: dict = {**GOOD_BLOCK, **(OPTIONAL if optional else {})}
+    if drop:
+        block.pop(key, None)
+    else:
+        block[key] = value
+    if surely_valid(schema(BLOCK_SCHEMA), block):
+        assert schema_errors(BLOCK_SCHEMA, block) == []
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(value=JSON)
+def test_surely_valid_of_any_json(value: object) -> None:
+    if surely_valid(schema(BLOCK_SCHEMA), value):
+        assert schema_errors(BLOCK_SCHEMA, value) == []
+
+
+def test_usual_blocks_are_surely_valid() -> None:
+    sch = schema(BLOCK_SCHEMA)
+    assert surely_valid(sch, dict(GOOD_BLOCK))
+    assert surely_valid(sch, {**GOOD_BLOCK, **OPTIONAL})
+    assert not surely_valid(sch, {**GOOD_BLOCK, "moe_layers": [1.0, 2]})  # jsonschema decides
+    assert not surely_valid({**sch, "unknownKeyword": 1}, dict(GOOD_BLOCK))
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
