@@ -12,10 +12,12 @@ runtime follows links. A link that leaves both the artifact and the cache is a P
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from exl3tool.io.gcpause import paused_gc
 from exl3tool.io.jsonfile import read_json
@@ -29,9 +31,9 @@ from exl3tool.rules.registry import Finding, Findings
 INDEX_NAME = "model.safetensors.index.json"
 
 
-@dataclass(frozen=True, slots=True)  # one per tensor: 10^6 in a large header
-class TensorRef:
-    """A tensor and the shard that stores it."""
+class TensorRef(NamedTuple):
+    """A tensor and the shard that stores it (a tuple: one per tensor, 10^6 in a large header,
+    made in C-level loops)."""
 
     shard: SafetensorsFile
     info: TensorInfo
@@ -177,7 +179,7 @@ def _load_checkpoint(path: Path, findings: Findings, need_config: bool) -> Check
         st = _read_shard(ckpt, path.name, findings)
         if st is not None:
             ckpt.shards[path.name] = st
-            ckpt.tensors = {n: TensorRef(st, t) for n, t in st.tensors.items()}
+            ckpt.tensors = dict(zip(st.tensors, _refs(st), strict=True))
         return ckpt
     if not path.is_dir():
         raise InputError(f"{path}: not a directory or regular file")
@@ -209,11 +211,16 @@ def _load_checkpoint(path: Path, findings: Findings, need_config: bool) -> Check
     return ckpt
 
 
+def _refs(st: SafetensorsFile) -> Iterator[TensorRef]:
+    """A TensorRef of each of `st`'s tensors, in its order."""
+    return map(tuple.__new__, repeat(TensorRef), zip(repeat(st), st.tensors.values()))
+
+
 def _collect(ckpt: Checkpoint, findings: Findings) -> None:
     tensors = ckpt.tensors
     for label, st in ckpt.shards.items():
         if tensors.keys().isdisjoint(st.tensors):  # the usual case: no name seen before
-            tensors.update({name: TensorRef(st, info) for name, info in st.tensors.items()})
+            tensors.update(zip(st.tensors, _refs(st), strict=True))
             continue
         for name, info in st.tensors.items():
             prev = tensors.get(name)
