@@ -1,8 +1,8 @@
 """`stage-cartridge`: turn an adapter into a verified, deployable, TP-ready directory.
 
 Mirrors the runtime's staging step (docs/formats/msrt.md §9 A, §10.2): every shard is opened
-and copied into a private directory while it is hashed (one read,
-sha256 + blake3), its size and sha256 are compared with the manifest and its
+and copied into a private directory while it is hashed (sha256 + blake3 read ahead of the copy,
+blake3 of the bytes written; `_copy_one`), its size and sha256 are compared with the manifest and its
 (dev, ino, size, mtime_ns, ctime_ns) before and after the copy must agree. Every validation then
 runs on the verified private bytes against the base (whose identity is recomputed from its bytes).
 A `full` adapter staged for `--tp N > 1` is converted to `rank-sharded` by
@@ -20,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,10 +84,24 @@ class StageResult:
 
 
 def _copy_one(
-    root: Path, entry: ShardEntry, dest_root: Path, progress: Any
+    root: Path,
+    entry: ShardEntry,
+    dest_root: Path,
+    progress: Any,
+    stop: threading.Event,
+    pool: _Buffers,
 ) -> tuple[CopiedFile | None, list[tuple]]:
-    """Copy one shard with one read, hashing it; returns (copied, problems as (rule, msg))."""
-    problems: list[tuple] = []
+    """Copy one shard while it is verified; returns (copied, problems as (rule, msg)).
+
+    Two reads of one open file, each bounded by the size seen at open (a source that keeps
+    growing cannot stall us): `_HashAhead` hashes the source (sha256, the manifest's digest, and
+    blake3) in its own thread, ahead of the copy; the copy hashes with blake3 the bytes it writes.
+    Equal blake3 digests prove that the written bytes are the ones whose sha256 matched. The
+    whole-file sha256 is the only payload digest the manifest carries (msrt.md §4 field 15, §11),
+    so a bad shard is known when the hash-ahead ends, not when its slower copy ends: then `stop`
+    is set and every copy of this staging stops writing (nothing will be published), while every
+    shard is still hashed in full (the findings do not depend on timing).
+    """
     try:
         # Symlinks are followed (a Hugging Face cache snapshot links every file into blobs/): the
         # copy is made of real files, which is what the runtime opens without following links.
@@ -94,40 +110,39 @@ def _copy_one(
         return None, [
             (io_rules.PA_SYMLINK if exc.kind == "symlink" else io_rules.PA_NOT_REGULAR, str(exc))
         ]
-    sleep = float(os.environ.get("EXL3TOOL_TEST_STAGE_SLEEP", "0") or 0)
-    sha, b3 = new_hasher("sha256"), new_hasher("blake3")
     dest = dest_root / entry.path
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with os.fdopen(fd, "rb", buffering=0) as src:
-        before = FileStamp.of(os.fstat(src.fileno()))
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        done = 0
+    try:
+        before = FileStamp.of(os.fstat(fd))
+
+        def bad(done: int, sha256: str) -> bool:
+            return (type(entry.size) is int and done != entry.size) or sha256 != entry.sha256
+
+        ahead = _HashAhead(fd, before.size, bad, stop, pool)
+        written: tuple[int, str] | None = None
         try:
-            with open(dest, "xb", buffering=0) as dst:
-                # bounded by the size seen at open: a source that keeps growing cannot stall us
-                while done < before.size:
-                    n = src.readinto(view[: min(CHUNK, before.size - done)])
-                    if not n:
-                        break
-                    chunk = view[:n]
-                    sha.update(chunk)
-                    b3.update(chunk)
-                    _write_all(dst, chunk)
-                    done += n
-                    if progress is not None:
-                        progress.advance(n)
-                    if copy_hook is not None:
-                        copy_hook(entry.path, done)
-                    if sleep:
-                        time.sleep(sleep)
-                # flush now, overlapping the other shards' copies (atomic_dir's final fsync of
-                # the tree then finds clean pages)
-                os.fsync(dst.fileno())
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
+            try:
+                ahead.start()
+                written = _write_copy(fd, out, before.size, entry.path, progress, stop, pool)
+                if written is not None and ahead.wait() and not stop.is_set():
+                    # flush now, overlapping the other shards' copies (atomic_dir's final fsync
+                    # of the tree then finds clean pages); a refused copy is never flushed
+                    os.fsync(out)
+            finally:
+                os.close(out)
         except OSError as exc:
             raise OutputError(f"cannot write {dest.name}: {exc.strerror or exc}") from exc
-        after = FileStamp.of(os.fstat(src.fileno()))
-    if after != before or done != before.size:
+        finally:
+            ahead.abort.set()  # only matters when the copy raised
+            ahead.join()
+        done, digest, b3 = ahead.result()  # the hash-ahead's read error, if any, is raised here
+        after = FileStamp.of(os.fstat(fd))
+    finally:
+        os.close(fd)
+    problems: list[tuple] = []
+    linked = written is None or written == (done, b3)
+    if after != before or done != before.size or not linked:
         problems.append(
             (
                 io_rules.ST_CHANGED,
@@ -141,12 +156,174 @@ def _copy_one(
                 f"size does not match: copied {done} bytes, adapter_config.json says {entry.size}",
             )
         )
-    digest = sha.hexdigest()
     if digest != entry.sha256:
         problems.append(
             (ca.CA_SHARD_SHA256, f"sha256 does not match adapter_config.json ({digest})")
         )
-    return CopiedFile(entry.path, done, digest, b3.hexdigest()), problems
+    return CopiedFile(entry.path, done, digest, b3), problems
+
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_WRITERS = (
+    2  # pwrite threads per shard: on the VM a write's page-cache pages cost more than the read
+)
+_BUFFERS = 4  # CHUNK buffers per copy in flight (RSS bound: _BUFFERS * CHUNK per shard copied)
+
+
+class _Buffers:
+    """CHUNK buffers shared by one staging's copies: made on demand (at most workers x
+    (_BUFFERS + 1)) and reused from shard to shard, so the RSS does not depend on the shard count."""
+
+    def __init__(self) -> None:
+        self._free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
+
+    def get(self) -> memoryview:
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            return memoryview(bytearray(CHUNK))
+
+    def put(self, view: memoryview) -> None:
+        self._free.put(view)
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> int:
+    return os.preadv(fd, [view], offset)
+
+
+class _HashAhead(threading.Thread):
+    """sha256 and blake3 of the first `size` bytes of `fd`, read with pread into one buffer.
+
+    Sets `stop` as soon as `bad(bytes read, sha256)` says the shard is refused; ends early only
+    when `abort` is set (the copy failed)."""
+
+    def __init__(
+        self,
+        fd: int,
+        size: int,
+        bad: Callable[[int, str], bool],
+        stop: threading.Event,
+        pool: _Buffers,
+    ) -> None:
+        super().__init__(name="exl3tool-stage-hash", daemon=True)
+        self.fd, self.size, self.bad, self.stop, self.pool = fd, size, bad, stop, pool
+        self.abort = threading.Event()
+        self.finished = threading.Event()
+        self._result: tuple[int, str, str] | None = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            sha, b3 = new_hasher("sha256"), new_hasher("blake3")
+            view = self.pool.get()
+            done = 0
+            try:
+                while done < self.size and not self.abort.is_set():
+                    n = _pread_into(self.fd, view[: min(CHUNK, self.size - done)], done)
+                    if not n:
+                        break
+                    sha.update(view[:n])
+                    b3.update(view[:n])
+                    done += n
+            finally:
+                self.pool.put(view)
+            digest = sha.hexdigest()
+            self._result = (done, digest, b3.hexdigest())
+            if self.bad(done, digest):
+                self.stop.set()
+        except BaseException as exc:  # raised again by result() in the copying thread
+            self._error = exc
+        finally:
+            self.finished.set()
+
+    def wait(self) -> bool:
+        """Wait for the digests; True when they were computed."""
+        self.finished.wait()
+        return self._result is not None
+
+    def result(self) -> tuple[int, str, str]:
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+class _At:
+    """A file descriptor written at a fixed offset (what `_write_all` writes to)."""
+
+    def __init__(self, fd: int, offset: int) -> None:
+        self.fd, self.offset = fd, offset
+
+    def write(self, chunk: memoryview) -> int:
+        n = os.pwrite(self.fd, chunk, self.offset)
+        self.offset += n
+        return n
+
+
+def _write_copy(
+    src: int,
+    dst: int,
+    size: int,
+    label: str,
+    progress: Any,
+    stop: threading.Event,
+    pool: _Buffers,
+) -> tuple[int, str] | None:
+    """Copy the first `size` bytes of `src` to `dst`: one reader, which hashes with blake3 what
+    it hands on, and `_WRITERS` pwrite threads; (bytes, blake3), or None once `stop` is set."""
+    sleep = float(os.environ.get("EXL3TOOL_TEST_STAGE_SLEEP", "0") or 0)
+    b3 = new_hasher("blake3")
+    free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
+    views = [pool.get() for _ in range(_BUFFERS)]
+    for view in views:
+        free.put(view)
+    jobs: queue.SimpleQueue[tuple[memoryview, int, int] | None] = queue.SimpleQueue()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        while (job := jobs.get()) is not None:
+            view, n, offset = job
+            try:
+                if not errors and not stop.is_set():
+                    _write_all(_At(dst, offset), view[:n])
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                free.put(view)
+
+    writers = [
+        threading.Thread(target=writer, name="exl3tool-stage-write", daemon=True)
+        for _ in range(_WRITERS)
+    ]
+    for t in writers:
+        t.start()
+    done = 0
+    try:
+        while done < size and not errors and not stop.is_set():
+            view = free.get()
+            n = _pread_into(src, view[: min(CHUNK, size - done)], done)
+            if not n:
+                free.put(view)
+                break
+            b3.update(view[:n])
+            jobs.put((view, n, done))
+            done += n
+            if progress is not None:
+                progress.advance(n)
+            if copy_hook is not None:
+                copy_hook(label, done)
+            if sleep:
+                time.sleep(sleep)
+    finally:
+        for _ in writers:
+            jobs.put(None)
+        for t in writers:
+            t.join()
+        for view in views:
+            pool.put(view)
+    if errors:
+        raise errors[0]
+    return None if stop.is_set() else (done, b3.hexdigest())
 
 
 def _write_all(dst: Any, chunk: memoryview) -> None:
@@ -163,14 +340,20 @@ def copy_verified(
     threads: int | None = None,
     progress: Any = None,
 ) -> list[CopiedFile]:
-    """Copy every listed shard and the manifest bytes into `dest`, verifying as it goes."""
+    """Copy every listed shard and the manifest bytes into `dest`, verifying as it goes.
+
+    When a shard is refused (size or sha256), the copies stop early and `dest` holds partial
+    files: the caller must not use them (findings has errors)."""
     dest.mkdir(parents=True, exist_ok=True)
     (dest / spec.ADAPTER_CONFIG).write_bytes(cart.manifest_bytes or b"")
     entries = sorted(cart.entries, key=lambda e: e.index)
     # every shard at once by default: the OS balances uneven shards over the cores (GIL released
     # by hashlib, blake3 and file I/O on large buffers)
     workers = max(1, min(threads or 4 * (os.cpu_count() or 1), len(entries) or 1))
-    results = map_threads(lambda e: _copy_one(cart.root, e, dest, progress), entries, workers)
+    stop, pool = threading.Event(), _Buffers()
+    results = map_threads(
+        lambda e: _copy_one(cart.root, e, dest, progress, stop, pool), entries, workers
+    )
     copied = []
     for entry, (cf, problems) in zip(entries, results, strict=True):
         for r, msg in problems:
