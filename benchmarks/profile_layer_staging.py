@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import shutil
 import sys
@@ -20,6 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _took(t0: float, c0: float) -> str:
+    """Wall seconds and this process's CPU seconds (user + system, all threads) since t0, c0."""
+    return f"{time.perf_counter() - t0:.2f} s (CPU {time.process_time() - c0:.2f} s)"
 
 
 def main() -> int:
@@ -43,17 +49,18 @@ def main() -> int:
     for p in sorted(cart.iterdir()):
         print(f"cartridge file {p.name}: {p.stat().st_size / 1e9:.2f} GB")
     try:
+        print(f"load average {os.getloadavg()[0]:.2f}")
         prof = cProfile.Profile()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         prof.enable()
         stage_adapter(cart, base, 1, root / "staged")
         prof.disable()
-        print(f"verified staging copy (stage_adapter): {time.perf_counter() - t0:.2f} s")
+        print(f"verified staging copy (stage_adapter): {_took(t0, c0)}")
         pstats.Stats(prof).sort_stats("tottime").print_stats(8)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         bad = corrupt_copy(cart, root / "corrupt")
-        print(f"corrupted copy of the drill: {time.perf_counter() - t0:.2f} s")
-        t0 = time.perf_counter()
+        print(f"corrupted copy of the drill: {_took(t0, c0)}")
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             stage_adapter(bad, base, 1, root / "refused")
             print("the corrupted copy was staged: the drill would FAIL")
@@ -61,7 +68,8 @@ def main() -> int:
         except Exception as exc:  # the refusal the drill expects
             print(f"refused ({type(exc).__name__}: {str(exc)[:80]})")
             status = 0
-        print(f"staging attempt of the corrupted copy: {time.perf_counter() - t0:.2f} s")
+        print(f"staging attempt of the corrupted copy: {_took(t0, c0)}")
+        print(f"load average {os.getloadavg()[0]:.2f}")
     finally:
         for d in ("staged", "corrupt", "refused"):
             shutil.rmtree(root / d, ignore_errors=True)
