@@ -131,11 +131,14 @@ def _copy_one(
                     os.fsync(out)
             finally:
                 os.close(out)
-        except OSError as exc:
-            raise OutputError(f"cannot write {dest.name}: {exc.strerror or exc}") from exc
-        finally:
-            ahead.abort.set()  # only matters when the copy raised
-            ahead.join()
+        except BaseException as exc:
+            ahead.abort.set()  # the copy failed: its hash is not wanted
+            if ahead.ident is not None:
+                ahead.join()
+            if isinstance(exc, OSError):
+                raise OutputError(f"cannot write {dest.name}: {exc.strerror or exc}") from exc
+            raise
+        ahead.join()  # a stopped copy still waits for its shard's whole hash (same findings)
         done, digest, b3 = ahead.result()  # the hash-ahead's read error, if any, is raised here
         after = FileStamp.of(os.fstat(fd))
     finally:
