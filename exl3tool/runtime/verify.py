@@ -194,16 +194,31 @@ def pick_layers(opts: VerifyOptions, moe_layers: list[int]) -> list[int]:
     return sorted(wanted)
 
 
-def corrupt_copy(adapter: Path, out: Path) -> Path:
-    """A copy of `adapter` with one byte flipped in the payload of its first shard.
+def _payload_start(path: Path) -> int | None:
+    """Offset of the first payload byte of a safetensors file, None when it has none."""
+    try:
+        with open(path, "rb") as fh:
+            start = 8 + int.from_bytes(fh.read(8), "little")
+        return start if start < path.stat().st_size else None
+    except OSError:
+        return None
 
-    Untouched shards are hard links (never written to); the flipped shard is a real copy.
-    """
+
+def corrupt_copy(adapter: Path, out: Path) -> Path:
+    """A copy of `adapter` with one byte flipped in the payload of its smallest shard.
+
+    Untouched shards are hard links (never written to); the flipped shard is a real copy. The
+    smallest shard keeps the drill cheap: only it is copied, and staging refuses the adapter as
+    soon as that shard's digest is known."""
     import json
 
     out.mkdir(parents=True)
     manifest = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
-    first = manifest["shards"][0]["path"]
+    paths = [s["path"] for s in manifest["shards"]]
+    with_payload = [p for p in paths if _payload_start(adapter / p) is not None]
+    first = (
+        min(with_payload, key=lambda p: (adapter / p).stat().st_size) if with_payload else paths[0]
+    )
     for src in sorted(adapter.rglob("*")):
         rel = src.relative_to(adapter)
         dst = out / rel
