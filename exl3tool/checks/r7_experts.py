@@ -115,19 +115,66 @@ def _check_layer(ctx: ExpertsContext, layer: int, payload: R7Payload) -> None:
     _check_shard_meta(ctx.shards.get(label), layer, ctx.findings)
     missing: list[str] = []
     plain = ctx.table.plain
+    usual = _usual_projections(ctx)
+    k_values, markers, add_finite = ctx.k_values, ctx.markers, ctx.finite.add
+    inter, vec_shape = ctx.inter, (ctx.inter,)
     for e in range(ctx.n_experts):
         head = f"model.layers.{layer}.mlp.experts.{e}."
-        for proj in PROJECTIONS:
+        for proj, own, shared, want in usual:
             parts = plain.get((layer, e, proj))
             if parts is None:
                 missing.append(f"{head}{proj}.trellis")
                 continue
+            # The usual projection, tested without side effects: it has no finding, so only
+            # what `_check_projection` records is done, in its order. Anything else goes there.
+            t, mcg, vec = parts.get("trellis"), parts.get("mcg"), parts.get(own)
+            if (
+                t is not None
+                and mcg is not None
+                and vec is not None
+                and markers is not None
+                and "mul1" not in parts
+                and parts.get(shared) is None
+                and t.shard.label == label
+            ):
+                info, m, v = t.info, mcg.info, vec.info
+                shape = info.shape
+                if (
+                    info.dtype == "I16"
+                    and len(shape) == 3
+                    and not shape[2] % 16
+                    and shape[2] // 16 in k_values
+                    and (want is None or (shape[0] * 16, shape[1] * 16) == want)
+                    and m.dtype == "I32"
+                    and m.shape == ()
+                    and (inter is None or (v.dtype == "F16" and v.shape == vec_shape))
+                ):
+                    payload.record((layer, e, proj), head + proj, t, shape[2] // 16)
+                    markers.add(mcg, MCG_MARKER)
+                    add_finite(vec)
+                    continue
             _check_projection(
                 ctx, Slot(layer, e, proj, label, head + proj), parts, missing, payload
             )
     _report_missing(ctx.findings, missing, layer, label)
     _check_shared_vectors(ctx, layer, label)
     _report_tier(ctx.findings, payload, layer, label)
+
+
+def _usual_projections(
+    ctx: ExpertsContext,
+) -> list[tuple[str, str, str, tuple[int, int] | None]]:
+    """Per projection: its own scale vector, the one it must not carry, and the trellis's
+    expected (rows, columns) when the geometry is known (as `_check_projection` tests them)."""
+    out = []
+    for proj in PROJECTIONS:
+        down = proj == "down_proj"
+        own, shared = ("suh", "svh") if down else ("svh", "suh")
+        want = None
+        if ctx.geometry:
+            want = (ctx.inter, ctx.hidden) if down else (ctx.hidden, ctx.inter)
+        out.append((proj, own, shared, want))
+    return out
 
 
 def _report_missing(findings: Findings, missing: list[str], layer: int, label: str) -> None:
