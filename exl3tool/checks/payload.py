@@ -72,12 +72,13 @@ class MarkerCheck:
     pread each costs more than the check)."""
 
     def __init__(self) -> None:
-        self._items: list[tuple[TensorRef, int]] = []
+        # (ref, expected), in order; who appends here directly keeps what `add` keeps
+        self.items: list[tuple[TensorRef, int]] = []
 
     def add(self, ref: TensorRef, expected: int) -> None:
         info = ref.info
         if info.nbytes == 4 and info.end + ref.shard.data_start <= ref.shard.file_size:
-            self._items.append((ref, expected))
+            self.items.append((ref, expected))
 
 
 # word size and exponent mask per float dtype; all exponent bits set = NaN or Inf
@@ -90,16 +91,17 @@ class FiniteCheck:
     payload has every exponent bit set."""
 
     def __init__(self) -> None:
-        self._items: list[tuple[TensorRef, None]] = []
+        # (ref, None), in order; who appends here directly keeps what `add` keeps
+        self.items: list[tuple[TensorRef, None]] = []
 
     def add(self, ref: TensorRef) -> None:
         info = ref.info
         end_ok = info.end + ref.shard.data_start <= ref.shard.file_size
         if info.dtype in _EXPONENT_BITS and info.nbytes and end_ok:
-            self._items.append((ref, None))
+            self.items.append((ref, None))
 
     def nbytes(self) -> int:
-        return sum(r.info.nbytes for r, _ in self._items)
+        return sum(r.info.nbytes for r, _ in self.items)
 
 
 # A vector read ahead by the worker (`read_facts`) at most this size, and at most this many
@@ -146,7 +148,7 @@ def fact_reads(path: Path, label: str) -> tuple[SafetensorsFile, MarkerCheck, Fi
     shard = SafetensorsFile(path, label, st.st_size, n, FileStamp.of(st))
     markers, finite = MarkerCheck(), FiniteCheck()
     # what MarkerCheck.add and FiniteCheck.add keep, inline (57,600 spans per GLM-5.2 shard)
-    m_items, f_items, room = markers._items, finite._items, st.st_size - shard.data_start
+    m_items, f_items, room = markers.items, finite.items, st.st_size - shard.data_start
     new, info, ref = tuple.__new__, TensorInfo, TensorRef
     for dtype, begin, end in _SPAN.findall(raw):
         b, e = int(begin), int(end)
@@ -171,7 +173,7 @@ def read_facts(
 ) -> ShardFacts:
     """The facts of the reads `fact_reads` planned for `st`, read as `run_deferred` reads them
     (one gather, the same scans; `numpy`: which of the two, whose results are the same)."""
-    m_items, f_items = markers._items, finite._items
+    m_items, f_items = markers.items, finite.items
     base = st.data_start
     values: dict[tuple[int, int], int] = {}
     scanned: frozenset[tuple[int, int, str]] = frozenset()
@@ -235,8 +237,8 @@ def run_deferred(
     """Read every deferred marker and vector with one gather per shard; report each marker
     whose value differs (bad_marker(ref, value, expected)), then each vector holding NaN/Inf.
     `facts`: shards read ahead (`read_facts`), used where their stamp still holds."""
-    marked = _by_shard(markers._items if markers is not None else [])
-    scanned = _by_shard(finite._items)
+    marked = _by_shard(markers.items if markers is not None else [])
+    scanned = _by_shard(finite.items)
     results: dict[Path, tuple[list[tuple[TensorRef, int, int]], list[TensorRef]]] = {}
     left: list[Path] = []  # the shards read here, not from facts
     for path in {**marked, **scanned}:

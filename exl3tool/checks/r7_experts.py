@@ -116,8 +116,13 @@ def _check_layer(ctx: ExpertsContext, layer: int, payload: R7Payload) -> None:
     missing: list[str] = []
     plain = ctx.table.plain
     usual = _usual_projections(ctx)
-    k_values, markers, add_finite = ctx.k_values, ctx.markers, ctx.finite.add
+    k_values, markers, finite = ctx.k_values, ctx.markers, ctx.finite
     inter, vec_shape = ctx.inter, (ctx.inter,)
+    # what MarkerCheck.add and FiniteCheck.add keep, inline for the layer's own shard
+    st = ctx.shards.get(label)
+    room = st.file_size - st.data_start if st is not None else -1
+    keep_marker = (markers.items if markers is not None else []).append
+    keep_vector = finite.items.append
     for e in range(ctx.n_experts):
         head = f"model.layers.{layer}.mlp.experts.{e}."
         for proj, own, shared, want in usual:
@@ -150,8 +155,14 @@ def _check_layer(ctx: ExpertsContext, layer: int, payload: R7Payload) -> None:
                     and (inter is None or (v.dtype == "F16" and v.shape == vec_shape))
                 ):
                     payload.record((layer, e, proj), head + proj, t, shape[2] // 16)
-                    markers.add(mcg, MCG_MARKER)
-                    add_finite(vec)
+                    if mcg.shard is not st:
+                        markers.add(mcg, MCG_MARKER)
+                    elif m.end - m.begin == 4 and m.end <= room:
+                        keep_marker((mcg, MCG_MARKER))
+                    if vec.shard is not st or v.dtype != "F16":
+                        finite.add(vec)
+                    elif v.end != v.begin and v.end <= room:
+                        keep_vector((vec, None))
                     continue
             _check_projection(
                 ctx, Slot(layer, e, proj, label, head + proj), parts, missing, payload

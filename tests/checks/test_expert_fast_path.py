@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from checks_fixtures import copy
+from checks_fixtures import copy, move_tensor
 from test_rules import CASES, E0, L1, L2, _id, drop, f16, put, trellis
 
 import exl3tool.checks.r7_experts as rx
@@ -38,6 +38,15 @@ def _reference_layer(ctx: rx.ExpertsContext, layer: int, payload: rx.R7Payload) 
 
 MCG = np.array(-877912083, dtype="<i4")
 EXTRA = [
+    ("mcg-elsewhere", lambda r: move_tensor(r, f"{E0}.up_proj.mcg", L1, L2)),
+    ("vector-elsewhere", lambda r: move_tensor(r, f"{E0}.down_proj.suh", L1, L2)),
+    (
+        "vector-f32-elsewhere",
+        lambda r: (
+            put(f"{E0}.gate_proj.svh", "F32", np.zeros(128, dtype="<f4"))(r),
+            move_tensor(r, f"{E0}.gate_proj.svh", L1, L2),
+        ),
+    ),
     ("mul1", put(f"{E0}.up_proj.mul1", "I32", MCG)),
     ("mcg-shape", put(f"{E0}.up_proj.mcg", "I32", np.array([-877912083], dtype="<i4"))),
     ("mcg-dtype", put(f"{E0}.down_proj.mcg", "F32", np.array(1.0, dtype="<f4"))),
