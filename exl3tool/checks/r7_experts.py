@@ -239,6 +239,9 @@ def _check_projection(
     missing: list[str],
     payload: R7Payload,
 ) -> None:
+    """Every check of one (expert, projection). `_check_layer` skips this call for a projection
+    that none of these checks could report: a check added here must also fail that inline test
+    (`tests/checks/test_expert_fast_path.py` compares both paths on every R7 defect case)."""
     t = parts.get("trellis")
     if t is None:
         missing.append(f"{slot.prefix}.trellis")
