@@ -245,6 +245,12 @@ def join_safetensors(header: Any, payload: bytes, pad: bool = True) -> bytes:
 DTYPES = ["F16", "BF16", "F32", "I32", "I16", "U8", "F8_E4M3", "F64", "I64", "BOOL", "Q4", ""]
 
 
+def _doubled(x):
+    """x * 2 where Python defines it (what earlier campaigns drew); other values as they are (an
+    earlier mutation may have left a null or an object in a shape)."""
+    return x * 2 if isinstance(x, (int, float, str, list)) else x
+
+
 def _edit_entry(rng: random.Random, entry: dict, payload_len: int) -> str:
     field = rng.choice(("dtype", "shape", "data_offsets", "extra"))
     if field == "dtype":
@@ -264,7 +270,7 @@ def _edit_entry(rng: random.Random, entry: dict, payload_len: int) -> str:
                 [2**64],
                 [*shape, 1] if isinstance(shape, list) else [1],
                 (shape or [1])[:-1],
-                [x * 2 for x in shape] if isinstance(shape, list) else None,
+                [_doubled(x) for x in shape] if isinstance(shape, list) else None,
                 [2**16] * 8,
                 [[2]],
             )

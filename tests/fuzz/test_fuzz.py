@@ -81,3 +81,14 @@ def test_cases_do_not_depend_on_the_cases_before(tmp_path) -> None:
     assert repr(mutate.HOSTILE) == before
     again = [make_case(8, i, world.layouts) for i in range(20)]
     assert [(c.what, c.layout) for c in first] == [(c.what, c.layout) for c in again]
+
+
+def test_a_shape_left_null_by_one_mutation_survives_the_next(tmp_path) -> None:
+    """Case 109034 of seed 1203 doubled a shape whose element an earlier mutation had set to
+    null: the harness itself raised (a 'harness' bad case in a 200,000-case campaign)."""
+    from tests.fuzz.runner import World
+    from tests.fuzz.targets import make_case
+
+    world = World(tmp_path)
+    case = make_case(1203, 109034, world.layouts)
+    assert "shape" in case.what
