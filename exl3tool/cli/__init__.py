@@ -20,7 +20,10 @@ def entry() -> None:
         gc.disable()  # the start-up imports make ~40k long-lived objects and no garbage
         try:
             command = None
-            if sys.argv[1:2] == ["identity"]:  # a plain line of a hot command runs without typer
+            if sys.argv[1:2] in (
+                ["identity"],
+                ["validate"],
+            ):  # hot commands: plain lines skip typer
                 from exl3tool.cli.plain import plain_command
 
                 command = plain_command(sys.argv[1:])

@@ -2,11 +2,13 @@
 
 typer and its vendored click take ~25 ms to import and build a command, about half of a
 short command's fixed cost. `plain_command(argv)` recognises the common plain forms of
-`exl3tool identity PATH [options]` (each option at most once, as separate words, every value
-one that typer would accept unchanged) and returns the command to run; for anything else
+`exl3tool identity PATH [options]` and `exl3tool validate PATH... [options]` (each option at
+most once, as separate words, every value one that typer would accept unchanged) and returns
+the command to run; for anything else
 (help, `--opt=value`, a value typer would reject or convert, an unknown option, a repeated
 one, `--`, shell completion) it returns None and typer parses the line as always, with its
-own messages and exit codes. A plain run calls the same body as the typer command (`identity_body`) and maps errors
+own messages and exit codes. A plain run calls the same body as the typer command (`identity_body`,
+`validate_body`) and maps errors
 to the same one-line messages and exit codes (`handle_errors` in cli/common.py), so outputs,
 files and exit codes are the same both ways (tests/cli/test_plain_lines.py runs both).
 
@@ -151,20 +153,99 @@ _IDENTITY_FLAGS: dict[str, tuple[str, bool]] = {
 
 def _identity_args(args: list[str]) -> dict[str, Any] | None:
     """identity_body's keywords for a plain `identity` line; None: typer parses it."""
+    return _parse(args, _IDENTITY_FLAGS, _IDENTITY_VALUES, many=False)
+
+
+# ---- validate ----------------------------------------------------------------------------
+
+
+def validate_body(
+    paths: list[str],
+    tp: int | None = None,
+    hash_: bool = False,
+    strict: bool = False,
+    base: str | None = None,
+    threads: int | None = None,
+    runtime: str = "public",
+    fmt: str = "text",
+    output: Path | None = None,
+    force: bool = False,
+    quiet: bool = False,
+    selection: Any = None,
+) -> int:
+    """`exl3tool validate`'s work once its arguments are parsed; the exit code."""
+    from exl3tool.actions import validate as action
+    from exl3tool.report.render import check_output, emit
+
+    check_output(output, force)
+    opts = action.Options(
+        paths=tuple(paths),
+        tp=tp,
+        hash=hash_,
+        base=base,
+        threads=threads,
+        runtime=runtime,
+        quiet=quiet,
+        selection=selection,
+    )
+    report = action.run(opts)
+    emit(report, fmt, output, quiet=quiet, force=force)
+    return report.exit_code(strict)
+
+
+def _text_value(value: str) -> str:
+    return value
+
+
+_VALIDATE_VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "--tp": ("tp", _threads_value),
+    "--base": ("base", _text_value),
+    "--threads": ("threads", _threads_value),
+    "--runtime": ("runtime", _choice("public", "cartridge")),
+    "--format": ("fmt", _choice("text", "json", "sarif", "junit")),
+    "-f": ("fmt", _choice("text", "json", "sarif", "junit")),
+    "--output": ("output", _path_value),
+    "-o": ("output", _path_value),
+}
+_VALIDATE_FLAGS: dict[str, tuple[str, bool]] = {
+    "--hash": ("hash_", True),
+    "--no-hash": ("hash_", False),
+    "--strict": ("strict", True),
+    "--quiet": ("quiet", True),
+    "-q": ("quiet", True),
+    "--force": ("force", True),
+}
+
+
+def _validate_args(args: list[str]) -> dict[str, Any] | None:
+    """validate_body's keywords for a plain `validate` line; None: typer parses it
+    (--select, --ignore and --severity always go through typer)."""
+    return _parse(args, _VALIDATE_FLAGS, _VALIDATE_VALUES, many=True)
+
+
+def _parse(
+    args: list[str],
+    flags: dict[str, tuple[str, bool]],
+    values: dict[str, tuple[str, Callable[[str], Any]]],
+    many: bool,
+) -> dict[str, Any] | None:
+    """Keywords of a plain line: positional words (one PATH, or with `many` one or more), each
+    option at most once; None for anything typer must parse."""
     kwargs: dict[str, Any] = {}
+    positional: list[str] = []
     words = iter(args)
     for word in words:
         if not word.startswith("-"):
-            if "path" in kwargs:
+            if positional and not many:
                 return None  # typer's "Got unexpected extra argument"
-            kwargs["path"] = word
-        elif word in _IDENTITY_FLAGS:
-            key, flag = _IDENTITY_FLAGS[word]
+            positional.append(word)
+        elif word in flags:
+            key, flag = flags[word]
             if key in kwargs:
                 return None
             kwargs[key] = flag
-        elif word in _IDENTITY_VALUES:
-            key, convert = _IDENTITY_VALUES[word]
+        elif word in values:
+            key, convert = values[word]
             value = next(words, None)
             if key in kwargs or not value or value.startswith("-"):
                 return None
@@ -173,19 +254,41 @@ def _identity_args(args: list[str]) -> dict[str, Any] | None:
                 return None
         else:
             return None  # help, --opt=value, --, an unknown or misspelt option
-    return kwargs if "path" in kwargs else None
+    if not positional:
+        return None
+    if many:
+        kwargs["paths"] = positional
+    else:
+        kwargs["path"] = positional[0]
+    return kwargs
 
 
 def plain_command(argv: list[str]) -> Callable[[], int] | None:
     """The command for a plain `argv` (the words after `exl3tool`), or None: typer parses
     it. The command's modules are imported here, its work and exit code come from the call."""
-    if len(argv) < 2 or argv[0] != "identity" or "_EXL3TOOL_COMPLETE" in os.environ:
+    if len(argv) < 2 or "_EXL3TOOL_COMPLETE" in os.environ:
         return None  # (click answers shell completion when that variable is set)
-    kwargs = _identity_args(argv[1:])
-    if kwargs is None:
-        return None
-    from exl3tool.actions import identity  # noqa: F401  (imported with the caller's gc off)
-    from exl3tool.report import identity as _report  # noqa: F401
-    from exl3tool.report import render  # noqa: F401
+    import importlib
 
-    return lambda: guarded(identity_body, **kwargs)
+    command, parse, modules = _PLAIN.get(argv[0], (None, None, ()))
+    kwargs = parse(argv[1:]) if parse is not None else None
+    if command is None or kwargs is None:
+        return None
+    for name in modules:  # imported here, with the caller's gc off
+        importlib.import_module(name)
+    return lambda: guarded(command, **kwargs)
+
+
+# command word -> (body, argument parser, modules its run imports)
+_PLAIN: dict[str, tuple[Callable[..., int], Callable[[list[str]], Any], tuple[str, ...]]] = {
+    "identity": (
+        identity_body,
+        _identity_args,
+        ("exl3tool.actions.identity", "exl3tool.report.identity", "exl3tool.report.render"),
+    ),
+    "validate": (
+        validate_body,
+        _validate_args,
+        ("exl3tool.actions.validate", "exl3tool.report.render"),
+    ),
+}

@@ -70,20 +70,11 @@ def validate(
 
     Exit 0: no errors; 1: errors (or warnings with --strict); 2: usage error; 3: a PATH
     cannot be read; 130/143: interrupted."""
-    from exl3tool.actions import validate as action
-    from exl3tool.report.render import check_output, emit
+    from exl3tool.cli.plain import validate_body
 
-    check_output(output, force)
-    opts = action.Options(
-        paths=tuple(paths),
-        tp=tp,
-        hash=hash_,
-        base=base,
-        threads=threads,
-        runtime=runtime,
-        quiet=quiet,
-        selection=rule_selection(select, ignore, severity),
-    )
-    report = action.run(opts)
-    emit(report, fmt, output, quiet=quiet, force=force)
-    raise typer.Exit(report.exit_code(strict))
+    raise typer.Exit(
+        validate_body(
+            paths, tp, hash_, strict, base, threads, runtime, fmt, output, force, quiet,
+            rule_selection(select, ignore, severity),
+        )
+    )  # fmt: skip

@@ -1,4 +1,4 @@
-"""A plain `exl3tool identity` line runs without typer (cli/plain.py) and gives the same
+"""A plain `exl3tool identity` or `validate` line runs without typer (cli/plain.py) and gives the same
 stdout, stderr, exit code and written files as typer's parse of the same line; anything else
 goes through typer."""
 
@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from exl3tool.cli.plain import _identity_args, plain_command
+from exl3tool.cli.plain import _identity_args, _validate_args, plain_command
 from exl3tool.synth.msrt import build_base
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,8 +45,16 @@ def _run(mode: str, args: list[str], cwd: Path) -> tuple[int, str, str, str, dic
         timeout=120,
     )
     err, _, parser = out.stderr.rpartition("\nPARSER ")
-    files = {p.name: p.read_bytes() for p in sorted(cwd.iterdir()) if p.is_file()}
-    return out.returncode, out.stdout, err, parser.strip(), files
+    files = {p.name: _untimed(p.read_bytes()) for p in sorted(cwd.iterdir()) if p.is_file()}
+    return out.returncode, _untimed(out.stdout), err, parser.strip(), files
+
+
+def _untimed(text):
+    """A report with its measured durations (JSON "seconds", JUnit time="…") blanked."""
+    if isinstance(text, bytes):
+        return _untimed(text.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+    text = re.sub(r'"seconds": [0-9.e+-]+', '"seconds": _', text)
+    return re.sub(r'time="[0-9.e+-]+"', 'time="_"', text)
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +101,18 @@ PLAIN = [
     ["identity", "missing-dir"],  # unreadable input: exit 3
     ["identity", "garbage.safetensors"],  # a broken container
     ["identity", "{base}/config.json"],
+    ["validate", "{base}"],
+    ["validate", "{base}", "--no-hash", "-f", "json"],
+    ["validate", "{base}", "{base}/config.json", "--strict", "--threads", "1"],
+    ["validate", "--hash", "{base}", "-q"],
+    ["validate", "{base}", "--tp", "2", "--runtime", "cartridge", "--format", "sarif"],
+    ["validate", "{base}", "--tp", "3", "-f", "junit"],
+    ["validate", "{base}", "--base", "{base}"],
+    ["validate", "{base}", "-o", "out.json", "-f", "json"],
+    ["validate", "{base}", "-o", "existing.json"],  # refused without --force
+    ["validate", "{base}", "-o", "existing.json", "--force", "--quiet"],
+    ["validate", "missing-dir"],  # unreadable input: exit 3
+    ["validate", "garbage.safetensors", "{base}"],  # a broken container among good ones
 ]
 TYPER = [
     ["identity"],
@@ -111,7 +132,19 @@ TYPER = [
     ["identity", "--", "{base}"],
     ["identity", "{base}", "-o", "-"],
     ["--version"],
-    ["validate", "{base}"],
+    ["validate"],
+    ["validate", "--help"],
+    ["validate", "{base}", "--select", "ST"],
+    ["validate", "{base}", "--ignore", "R7030"],
+    ["validate", "{base}", "--tp", "zero"],
+    ["validate", "{base}", "--tp", "0"],
+    ["validate", "{base}", "--tp=2"],
+    ["validate", "{base}", "--runtime", "private"],
+    ["validate", "{base}", "--strict", "--strict"],
+    ["validate", "{base}", "--hash", "--no-hash"],
+    ["validate", "{base}", "-f", "yaml"],
+    ["validate", "--", "{base}"],
+    ["validate", "{base}", "--base"],
 ]
 
 
@@ -148,15 +181,25 @@ def test_an_unreadable_path_value_goes_through_typer(tmp_path: Path) -> None:
     assert (kwargs is not None) == os.access(rec, os.R_OK)
 
 
-def test_only_identity_lines_are_plain(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert plain_command(["validate", "x"]) is None
+def test_only_identity_and_validate_lines_are_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert plain_command(["slice", "x"]) is None
+    assert plain_command(["validate", "x"]) is not None
     monkeypatch.setenv("_EXL3TOOL_COMPLETE", "bash_complete")  # click answers completion
     assert plain_command(["identity", "x"]) is None
+    assert plain_command(["validate", "x"]) is None
     monkeypatch.delenv("_EXL3TOOL_COMPLETE")
     assert plain_command(["identity"]) is None
+    assert plain_command(["validate"]) is None
     assert _identity_args(["x", "--no-compat", "--threads", "12", "-o", "o.json"]) == {
         "path": "x",
         "compat": False,
         "threads": 12,
         "output": Path("o.json"),
     }
+    assert _validate_args(["a", "--no-hash", "b", "-q", "--tp", "4"]) == {
+        "paths": ["a", "b"],
+        "hash_": False,
+        "quiet": True,
+        "tp": 4,
+    }
+    assert _identity_args(["a", "b"]) is None  # identity takes one PATH
