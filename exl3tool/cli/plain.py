@@ -132,15 +132,18 @@ def _choice(*choices: str) -> Callable[[str], str | None]:
     return lambda value: value if value in choices else None
 
 
-# option word -> (keyword of identity_body, converter: None where typer must handle it)
-_IDENTITY_VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "--algo": ("algo", _choice("blake3", "sha256")),
-    "--layers": ("layers", str),
-    "--threads": ("threads", _threads_value),
+# option word -> (keyword of the body, converter: None where typer must handle it)
+_REPORT_VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--format": ("fmt", _choice("text", "json", "sarif", "junit")),
     "-f": ("fmt", _choice("text", "json", "sarif", "junit")),
     "--output": ("output", _path_value),
     "-o": ("output", _path_value),
+}
+_IDENTITY_VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "--algo": ("algo", _choice("blake3", "sha256")),
+    "--layers": ("layers", str),
+    "--threads": ("threads", _threads_value),
+    **_REPORT_VALUES,
     "--sha256sum": ("sha256sum", _path_value),
     "--check": ("check_file", _path_value),
 }
@@ -193,19 +196,12 @@ def validate_body(
     return report.exit_code(strict)
 
 
-def _text_value(value: str) -> str:
-    return value
-
-
 _VALIDATE_VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--tp": ("tp", _threads_value),
-    "--base": ("base", _text_value),
+    "--base": ("base", str),
     "--threads": ("threads", _threads_value),
     "--runtime": ("runtime", _choice("public", "cartridge")),
-    "--format": ("fmt", _choice("text", "json", "sarif", "junit")),
-    "-f": ("fmt", _choice("text", "json", "sarif", "junit")),
-    "--output": ("output", _path_value),
-    "-o": ("output", _path_value),
+    **_REPORT_VALUES,
 }
 _VALIDATE_FLAGS: dict[str, tuple[str, bool]] = {
     "--hash": ("hash_", True),
