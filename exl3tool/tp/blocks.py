@@ -120,18 +120,6 @@ def _slice_piece(s: TensorSlice, item: int, p0: int, p1: int, off: int) -> Piece
     return Piece(ROWS, at, lay.run, r1 - r0, stride, item, r0 == 0, r1 == lay.count)
 
 
-def plan_blocks(
-    ckpt: Checkpoint,
-    order: Sequence[str],
-    flat: Sequence[Sequence[tuple[int, TensorSlice]]],
-    hashed: set[str],
-    hashers: int,
-    size: int,
-) -> list[Block]:
-    """Every block of `iter_blocks`, as a list."""
-    return list(iter_blocks(ckpt, order, flat, hashed, hashers, size))
-
-
 def iter_blocks(
     ckpt: Checkpoint,
     order: Sequence[str],

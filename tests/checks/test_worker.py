@@ -35,6 +35,12 @@ def _reaped(pid: int) -> bool:
     return False
 
 
+def _fork_for_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker forks for every checkpoint whatever its size (never with --threads 1)."""
+    monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
+    monkeypatch.setattr(validate, "PREFETCH_MIN_BYTES", 0)
+
+
 @needs_fork
 def test_value_comes_from_the_child_and_the_child_is_reaped() -> None:
     with Forked(os.getpid, parallel=True) as work:
@@ -212,8 +218,7 @@ def test_manifest_findings_are_the_same_forked_or_not(
         forked.append(self._pid)
 
     monkeypatch.setattr(Forked, "_start", start)
-    monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
-    monkeypatch.setattr(validate, "PREFETCH_MIN_BYTES", 0)
+    _fork_for_any_size(monkeypatch)
     alone = _report(root, threads=1)
     assert not forked
     both = _report(root, threads=None)
@@ -236,8 +241,7 @@ def test_results_prefetched_for_another_block_are_not_used(
     alone = _report(root, threads=1)
     wrong = Block(1, 1, frozenset({2}), "quantization_config.json", "/r7_routed_experts")
     empty = r7_manifests.ManifestResults((), (), frozenset())
-    monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
-    monkeypatch.setattr(validate, "PREFETCH_MIN_BYTES", 0)
+    _fork_for_any_size(monkeypatch)
     monkeypatch.setattr(r7, "prefetch_r7", lambda root: r7.Prefetched(wrong, {}, empty))
     assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
 
@@ -258,8 +262,7 @@ def test_read_ahead_stops_at_its_byte_cap(
     assert capped is not None and not capped.facts
     assert payload.FACTS_MAX_TOTAL >= 1 << 20
     alone = _report(root, threads=1)
-    monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
-    monkeypatch.setattr(validate, "PREFETCH_MIN_BYTES", 0)
+    _fork_for_any_size(monkeypatch)
     assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
 
 
@@ -273,7 +276,6 @@ def test_a_worker_that_dies_changes_nothing(
     _manifest_mutations(root)
     edit_shard(root, "r7-experts-layer-001.safetensors", _break_payload)
     alone = _report(root, threads=1)
-    monkeypatch.setattr(worker, "can_fork", lambda threads: threads != 1)
-    monkeypatch.setattr(validate, "PREFETCH_MIN_BYTES", 0)
+    _fork_for_any_size(monkeypatch)
     monkeypatch.setattr(r7, "prefetch_r7", lambda root: os._exit(1))  # the parent never runs it
     assert json.dumps(_report(root, threads=None)) == json.dumps(alone)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from exl3tool.tp.blocks import CONTIG, OWN, ROWS, Block, plan_blocks
+from exl3tool.tp.blocks import CONTIG, OWN, ROWS, Block, iter_blocks
 from exl3tool.tp.slices import TensorSlice
 
 
@@ -101,7 +101,7 @@ def test_pieces_give_the_slices_and_tensors(seed: int, size: int, layout: str) -
         streams = [[s for name in order for r in ranks for s in r if s.source == name]]
     flat = [[(index[s.source], s) for s in st] for st in streams]
     hashed = {n for i, n in enumerate(order) if i % 3}
-    blocks = plan_blocks(ckpt, order, flat, hashed, 2, size)  # type: ignore[arg-type]
+    blocks = list(iter_blocks(ckpt, order, flat, hashed, 2, size))  # type: ignore[arg-type]
     assert all(b.nbytes <= size for b in blocks)
     for w, items in enumerate(flat):
         got = _replay(
@@ -134,7 +134,7 @@ def test_consecutive_tensors_share_a_block_and_large_ones_are_cut_into_rows() ->
         for i, n in enumerate(order)
     ]
     total = sum(len(v) - 8 for v in raw.values())
-    one = plan_blocks(ckpt, order, [flat], set(), 0, total)  # type: ignore[arg-type]
+    one = list(iter_blocks(ckpt, order, [flat], set(), 0, total))  # type: ignore[arg-type]
     assert [(b.start, b.end) for b in one] == [(8, 8 + total)]
-    cut = plan_blocks(ckpt, order, [flat], set(), 0, 8)  # type: ignore[arg-type]
+    cut = list(iter_blocks(ckpt, order, [flat], set(), 0, 8))  # type: ignore[arg-type]
     assert len(cut) > len(order) and all(b.nbytes <= 8 for b in cut)
