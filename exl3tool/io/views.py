@@ -177,6 +177,10 @@ class TensorReader:
             self._maps[st.path] = f
         return f
 
+    def file(self, st: SafetensorsFile) -> PayloadFile:
+        """The open file of shard `st` (opened on first use, checked against its header stamp)."""
+        return self._map(st)
+
     def payload(self, st: SafetensorsFile, info: TensorInfo) -> memoryview:
         return self._map(st).buffer(st.data_start + info.begin, st.data_start + info.end)
 

@@ -24,6 +24,7 @@ from exl3tool.formats.tail import config_tail
 from exl3tool.io.views import TensorReader
 from exl3tool.rules.errors import InputError
 from exl3tool.rules.registry import Findings
+from exl3tool.runtime import reads
 from exl3tool.runtime.linear import Exl3Linear
 from exl3tool.tp import linear as tp_linear
 from exl3tool.tp import ranges as tp_ranges
@@ -42,16 +43,25 @@ def role(proj: str) -> str:
     return "column" if proj in COLUMN_PARALLEL else "row"
 
 
-def slice_linear(
-    proj: str, arrays: dict[str, np.ndarray], first: int, last: int
-) -> dict[str, np.ndarray]:
-    """One rank's numpy views of a linear's fields, cut by the TP plan (docs/formats/exl3.md §6)."""
-    return tp_linear.slice_linear(arrays, role(proj), first, last)
+def cut_field(proj: str, fld: str, t: torch.Tensor, first: int, last: int) -> torch.Tensor:
+    """This rank's part of one whole field tensor, by the TP plan's field rules (docs/formats/
+    exl3.md §6): a contiguous copy of the cut, or `t` itself when the field is not split."""
+    cut = tp_linear.field_cut(role(proj), fld, first, last)
+    if cut.axis is None:
+        return t
+    if cut.stop > t.shape[cut.axis]:
+        raise InputError(f"{proj} {fld}: channels end at {cut.stop} beyond {tuple(t.shape)}")
+    return t.narrow(cut.axis, cut.start, cut.stop - cut.start).contiguous()
 
 
-def local_trellis(proj: str, trellis: np.ndarray, first: int, last: int) -> np.ndarray:
-    """A stage trellis's local part (stages carry no suh/svh: rotation reuse, §1.1)."""
-    return slice_linear(proj, {"trellis": trellis}, first, last)["trellis"]
+def local_fields(
+    proj: str, fields: dict[str, torch.Tensor], first: int, last: int, world_size: int
+) -> tuple[torch.Tensor, ...]:
+    """This rank's (trellis, suh, svh) of a base linear's whole tensors (all of them at TP 1;
+    stages carry no suh/svh: rotation reuse, docs/formats/msrt.md §1.1)."""
+    if world_size == 1:
+        return tuple(fields[c] for c in TP_FIELDS)
+    return tuple(cut_field(proj, c, fields[c], first, last) for c in TP_FIELDS)
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
@@ -151,25 +161,34 @@ def load_base(
     model = BaseModel(
         Path(path), cfg, hidden, inter, experts, topk, k, rank, world_size, first, last, layers
     )
+    threads = reads.read_threads(world_size)
     with TensorReader() as rd:
 
-        def arr(name: str) -> np.ndarray:
-            ref = ckpt.tensors.get(name)
-            if ref is None:
-                raise InputError(f"{path}: base tensor {name} is missing")
-            return rd.array(ref.shard, ref.info)
+        def field_reads(layer: int, e: int) -> list[reads.TensorRead]:
+            out = []
+            for proj in PROJECTIONS:
+                for c in TP_FIELDS:
+                    ref = ckpt.tensors.get(spec.base_key(layer, e, proj, c))
+                    if ref is None:
+                        raise InputError(
+                            f"{path}: base tensor {spec.base_key(layer, e, proj, c)} is missing"
+                        )
+                    out.append(reads.tensor_read(rd, ref.shard, ref.info))
+            return out
 
         for layer in layers:
             if layer not in moe_layers:
                 raise InputError(f"{path}: layer {layer} is not an MoE layer of this base")
             parts: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-            for e in range(experts):
-                for proj in PROJECTIONS:
-                    fields = {c: arr(spec.base_key(layer, e, proj, c)) for c in TP_FIELDS}
-                    cut = slice_linear(proj, fields, first, last)
-                    # the trellis stays on the decode device: a host copy of every layer's
-                    # trellis would cost host RSS (3/16 of the fp16 layer at K=3) for nothing
-                    parts[(e, proj)] = tuple(to_torch(cut[c]).to(device) for c in TP_FIELDS)
+            # one expert's nine tensors per group, read ahead while earlier ones copy to the
+            # device; the trellis stays there (a host copy of every layer's trellis would cost
+            # host RSS, 3/16 of the fp16 layer at K=3, for nothing)
+            groups = (field_reads(layer, e) for e in range(experts))
+            got = reads.stream_groups(groups, device, threads=threads, ahead=4)
+            for e, tensors in enumerate(got):
+                for j, proj in enumerate(PROJECTIONS):
+                    fields = dict(zip(TP_FIELDS, tensors[3 * j : 3 * j + 3], strict=True))
+                    parts[(e, proj)] = local_fields(proj, fields, first, last, world_size)
             # the whole layer in one call: one kernel launch per projection shape on CUDA
             lins = Exl3Linear.decode_many(list(parts.values()), device)
             model.linears[layer] = {

@@ -9,9 +9,10 @@ rounds it to fp32 (docs/formats/msrt.md §1.2), takes each stage's K from its tr
 weights with plain arithmetic (`r·I/N`). Its forward performs the same floating-point operations
 as the runtime (precision policy in `runtime.linear`), so a correct hot load matches it bit for bit.
 
-Memory: `ColdIndex` maps tensor names to files once; `ColdIndex.expert(L, e)` decodes one expert
-of one layer on demand, so verify-swap holds one cold expert at a time (`build` still decodes whole
-layers for tests and small tools).
+Memory: `ColdIndex` maps tensor names to files once; `ColdIndex.experts(L, ids)` decodes one
+expert of one layer at a time while threads read the next experts' files, so verify-swap holds one
+cold expert and the raw bytes of two more (`build` still decodes whole layers for tests and small
+tools).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +95,7 @@ class ShardTensors:
     def __init__(self, directory: Path, files: list[str]) -> None:
         self.where: dict[str, tuple[str, int, dict[str, Any]]] = {}
         self.handles: dict[str, int] = {}
+        self._lock = threading.Lock()  # `get` runs on the read-ahead threads
         for f in files:
             path = str(Path(directory) / f)
             try:
@@ -107,16 +113,18 @@ class ShardTensors:
             shape = [int(d) for d in info["shape"]]
         except (KeyError, TypeError, ValueError):
             raise InputError(f"{path}: tensor {name!r} has an unreadable header entry") from None
-        fd = self.handles.get(path)
-        if fd is None:
-            fd = self.handles[path] = os.open(path, os.O_RDONLY)
-        buf = bytearray(end - begin)
-        got = os.preadv(fd, [buf], start + begin) if buf else 0
-        if got != len(buf):
+        if not 0 <= begin <= end:
+            raise InputError(f"{path}: tensor {name!r} has an unreadable header entry")
+        with self._lock:
+            fd = self.handles.get(path)
+            if fd is None:
+                fd = self.handles[path] = os.open(path, os.O_RDONLY)
+        raw = torch.empty(end - begin, dtype=torch.uint8)  # no zero fill: pread writes it all
+        got = os.preadv(fd, [memoryview(raw.numpy())], start + begin) if end > begin else 0
+        if got != end - begin:
             raise InputError(f"{path}: shrank while it was read ({name!r} ends past the file)")
         try:
-            flat = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
-            return flat.reshape(shape)
+            return raw.view(dtype).reshape(shape)
         except (ValueError, RuntimeError):  # size not a whole number of elements, or not `shape`
             raise InputError(f"{path}: tensor {name!r} does not match its shape") from None
 
@@ -175,34 +183,70 @@ class ColdIndex:
             e += 1
         return e
 
-    def expert(self, layer: int, e: int, device: torch.device) -> ColdExpert:
-        out = ColdExpert(e)
+    def _reads(self, layer: int, e: int) -> list[tuple[ShardTensors, str]]:
+        """Every tensor one expert's cold build reads, in the order `_build` takes them."""
+        out: list[tuple[ShardTensors, str]] = []
         for p in PROJS:
             pre = f"model.layers.{layer}.mlp.experts.{e}.{p}.rank0."
-            suh, svh = (self.base.get(pre + c).to(device) for c in ("suh", "svh"))
-            out.base[p] = effective_weight(
-                self.base.get(pre + "trellis").to(device), suh, svh, "mcg"
-            )
+            out += [(self.base, pre + c) for c in ("suh", "svh", "trellis")]
+            for _, ranks, scale in self.stage_keys.get((layer, e, p), []):
+                assert self.adapter is not None
+                out += [(self.adapter, ranks[r]) for r in sorted(ranks)]
+                out.append((self.adapter, scale))
+        return out
+
+    def expert(self, layer: int, e: int, device: torch.device) -> ColdExpert:
+        raw = [src.get(name) for src, name in self._reads(layer, e)]
+        return self._build(layer, e, iter(raw), device)
+
+    def experts(
+        self, layer: int, ids: list[int], device: torch.device, *, ahead: int = 2
+    ) -> Iterator[ColdExpert]:
+        """`expert(layer, e)` for each of `ids` in order; the files of the next `ahead` experts
+        are read on threads while the current one is decoded (the memory of `ahead` experts)."""
+        pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="exl3cold")
+        pending: deque[tuple[int, list[Future[torch.Tensor]]]] = deque()
+        todo = iter(ids)
+        try:
+            while True:
+                while len(pending) <= ahead:
+                    e = next(todo, None)
+                    if e is None:
+                        break
+                    reads = self._reads(layer, e)
+                    pending.append((e, [pool.submit(src.get, name) for src, name in reads]))
+                if not pending:
+                    return
+                e, futures = pending.popleft()
+                yield self._build(layer, e, (f.result() for f in futures), device)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _build(
+        self, layer: int, e: int, raw: Iterator[torch.Tensor], device: torch.device
+    ) -> ColdExpert:
+        out = ColdExpert(e)
+        for p in PROJS:
+            suh, svh, trellis = (next(raw).to(device) for _ in range(3))
+            out.base[p] = effective_weight(trellis, suh, svh, "mcg")
             out.stages[p] = [
-                self._stage(label, ranks, scale, p, suh, svh, device)
-                for label, ranks, scale in self.stage_keys.get((layer, e, p), [])
+                self._stage(label, [next(raw) for _ in ranks], next(raw), p, suh, svh, device)
+                for label, ranks, _ in self.stage_keys.get((layer, e, p), [])
             ]
         return out
 
     def _stage(
         self,
         label: str,
-        ranks: dict[int, str],
-        scale: str,
+        parts: list[torch.Tensor],
+        scale: torch.Tensor,
         proj: str,
         suh: torch.Tensor,
         svh: torch.Tensor,
         device: torch.device,
     ) -> ColdStage:
-        assert self.adapter is not None
-        parts = [self.adapter.get(ranks[r]) for r in sorted(ranks)]
         trellis = torch.cat(parts, dim=_AXIS[proj]).to(device)
-        inv = torch.tensor(1.0 / float(self.adapter.get(scale)), dtype=torch.float32)
+        inv = torch.tensor(1.0 / float(scale), dtype=torch.float32)
         weight = effective_weight(trellis, suh, svh, "mcg")
         return ColdStage(label, inv.to(device), int(trellis.shape[-1]) // 16, weight)
 

@@ -20,8 +20,9 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,8 @@ import torch
 
 from exl3tool.formats.names import PROJECTIONS
 from exl3tool.io.views import TensorReader
-from exl3tool.runtime.base import BaseModel, local_trellis, to_torch
+from exl3tool.runtime import reads
+from exl3tool.runtime.base import BaseModel, cut_field
 from exl3tool.runtime.distributed import Comm
 from exl3tool.runtime.moe import Routing, expert_mlp, expert_probe, moe_forward
 from exl3tool.runtime.msrt import CartridgeLayer, build_layer, project32
@@ -104,6 +106,106 @@ def stage_adapter(adapter: Path, base: Path, world_size: int, out: Path) -> tupl
     return out, str(result.staging["adapter_manifest_sha256"])
 
 
+def stage_local(
+    adapter: Path,
+    base: Path,
+    rank: int,
+    world_size: int,
+    num_experts: int,
+    layers: tuple[int, ...] | None,
+    work_root: Path | None,
+) -> tuple[Path, Staged | None, str | None]:
+    """This rank's part of staging, with no collective: the verified private copy and its tables
+    for `layers` (None: every layer). Returns (temp dir, staged, None) or (temp dir, None, error)."""
+    from exl3tool.formats.cartridge import load_cartridge
+    from exl3tool.formats.cartridge_tables import materialize_tables
+    from exl3tool.rules.registry import Findings
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"exl3tool-stage-r{rank}-", dir=work_root))
+    try:
+        # source_sha: the identity a publisher knows, the sha256 of the adapter_config.json it
+        # ships (a TP-ready staged copy rewrites its manifest, §8)
+        private, source_sha = stage_adapter(adapter, base, world_size, tmp / "adapter")
+        findings = Findings()
+        cart = load_cartridge(private, findings)
+        if findings.has_errors() or cart.manifest is None or cart.manifest_bytes is None:
+            raise ValueError(f"staged copy does not load: {findings.errors()[:1]}")
+        tables = materialize_tables(cart, rank=rank, world_size=world_size, num_experts=num_experts)
+        chosen = tuple(sorted(L for L in tables if layers is None or L in layers))
+        if not chosen:
+            raise ValueError("the adapter does not select any layer of this runtime")
+        info = AdapterInfo(
+            str(adapter),
+            source_sha,
+            hashlib.sha256(cart.manifest_bytes).hexdigest(),
+            str(cart.manifest.get("assembly")),
+            tuple(c["label"] for c in cart.manifest["chain"]),
+            chosen,
+        )
+        return tmp, Staged(info, tmp, cart, {L: tables[L] for L in chosen}), None
+    except Exception as exc:  # reported by every rank's agreement (§10.2 step 1)
+        error = f"{type(exc).__name__}: {exc}"
+        found = getattr(exc, "findings", None)
+        if found:
+            error += " [" + "; ".join(f"{f.code} {f.message}" for f in list(found)[:3]) + "]"
+        return tmp, None, error
+
+
+def _narrowed(staged: Staged, layers: list[int]) -> tuple[Staged | None, str | None]:
+    """A staging of every layer cut to `layers` (what `stage_local` would have kept)."""
+    chosen = tuple(L for L in staged.info.layers if L in layers)
+    if not chosen:
+        return None, "ValueError: the adapter does not select any layer of this runtime"
+    info = dataclasses.replace(staged.info, layers=chosen)
+    return Staged(
+        info, staged.private_dir, staged.cartridge, {L: staged.tables[L] for L in chosen}
+    ), None
+
+
+class StageAhead(threading.Thread):
+    """`stage_local` of an adapter for every layer, on a thread started before the engine that
+    will use it exists: verify-swap overlaps staging (bound by one sha256 pass per shard) with
+    the base decode. `prepare()` runs first on the thread (the drill's corrupted copy)."""
+
+    def __init__(
+        self,
+        adapter: Path,
+        base: Path,
+        rank: int,
+        world_size: int,
+        num_experts: int,
+        work_root: Path | None,
+        prepare: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(name=f"exl3tool-stage-ahead-r{rank}", daemon=True)
+        self.adapter, self._prepare = Path(adapter), prepare
+        self._args = (base, rank, world_size, num_experts, None, work_root)
+        self._out: tuple[Path, Staged | None, str | None] | None = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            if self._prepare is not None:
+                self._prepare()
+            self._out = stage_local(self.adapter, *self._args)
+        except BaseException as exc:  # raised again by result()
+            self._error = exc
+
+    def result(self) -> tuple[Path, Staged | None, str | None]:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        assert self._out is not None
+        return self._out
+
+    def discard(self) -> None:
+        """Wait for it and remove what it staged (a staging that was never used)."""
+        self.join()
+        if self._out is not None:
+            shutil.rmtree(self._out[0], ignore_errors=True)
+
+
 @dataclass
 class SwapEngine:
     base: BaseModel
@@ -136,66 +238,44 @@ class SwapEngine:
         if self.fault_at == step:
             raise InjectedFault(f"fault injected at {step}")
 
-    def stage(self, adapter: Path) -> Staged:
-        """Copy, verify and materialize this rank's tables; changes nothing that serves."""
+    def stage(self, adapter: Path, ahead: StageAhead | None = None) -> Staged:
+        """Copy, verify and materialize this rank's tables; changes nothing that serves.
+        `ahead`: this staging, already started on a thread (`StageAhead`)."""
         self.events.append("stage")
         with self._timed("stage"):
-            return self._stage(adapter)
+            return self._stage(adapter, ahead=ahead)
 
-    def stage_once(self, adapter: Path) -> Staged:
+    def stage_once(self, adapter: Path, ahead: StageAhead | None = None) -> Staged:
         """Stage `adapter` for reuse: every layer's tables, whichever layers this engine holds.
 
         verify-swap stages each adapter once per rank and hands the result to `load_staged` for
         every layer and drill; the private copy lives until `drop_staged`."""
         self.events.append("stage")
         with self._timed("stage"):
-            return self._stage(adapter, every_layer=True)
+            return self._stage(adapter, every_layer=True, ahead=ahead)
 
-    def _stage(self, adapter: Path, every_layer: bool = False) -> Staged:
-        from exl3tool.formats.cartridge import load_cartridge
-        from exl3tool.formats.cartridge_tables import materialize_tables
-        from exl3tool.rules.registry import Findings
-
-        tmp = Path(
-            tempfile.mkdtemp(prefix=f"exl3tool-stage-r{self.comm.rank}-", dir=self.work_root)
-        )
-        error: str | None = None
-        staged: Staged | None = None
-        try:
-            self._fault("stage")
-            # source_sha: the identity a publisher knows, the sha256 of the adapter_config.json it
-            # ships (a TP-ready staged copy rewrites its manifest, §8)
-            private, source_sha = stage_adapter(
-                adapter, self.base.path, self.comm.world_size, tmp / "adapter"
+    def _stage(
+        self, adapter: Path, every_layer: bool = False, ahead: StageAhead | None = None
+    ) -> Staged:
+        if ahead is not None:
+            if ahead.adapter != Path(adapter):
+                raise ValueError(f"the staging started ahead is {ahead.adapter}, not {adapter}")
+            tmp, staged, error = ahead.result()
+            if staged is not None and not every_layer:  # only the layers this engine holds
+                staged, error = _narrowed(staged, self.base.layers)
+        else:
+            tmp, staged, error = stage_local(
+                adapter,
+                self.base.path,
+                self.comm.rank,
+                self.comm.world_size,
+                self.base.num_experts,
+                None if every_layer else tuple(self.base.layers),
+                self.work_root,
             )
-            findings = Findings()
-            cart = load_cartridge(private, findings)
-            if findings.has_errors() or cart.manifest is None or cart.manifest_bytes is None:
-                raise ValueError(f"staged copy does not load: {findings.errors()[:1]}")
-            tables = materialize_tables(
-                cart,
-                rank=self.comm.rank,
-                world_size=self.comm.world_size,
-                num_experts=self.base.num_experts,
-            )
-            layers = tuple(sorted(L for L in tables if every_layer or L in self.base.layers))
-            if not layers:
-                raise ValueError("the adapter does not select any layer of this runtime")
-            info = AdapterInfo(
-                str(adapter),
-                source_sha,
-                hashlib.sha256(cart.manifest_bytes).hexdigest(),
-                str(cart.manifest.get("assembly")),
-                tuple(c["label"] for c in cart.manifest["chain"]),
-                layers,
-            )
-            staged = Staged(info, tmp, cart, {L: tables[L] for L in layers})
-        except Exception as exc:  # every rank must agree before anything changes (§10.2 step 1)
-            error = f"{type(exc).__name__}: {exc}"
-            found = getattr(exc, "findings", None)
-            if found:
-                error += " [" + "; ".join(f"{f.code} {f.message}" for f in list(found)[:3]) + "]"
-        if not self.comm.all_true(error is None):
+        if self.fault_at == "stage":
+            error = "InjectedFault: fault injected at stage"
+        if not self.comm.all_true(error is None):  # every rank agrees before anything changes
             shutil.rmtree(tmp, ignore_errors=True)
             raise StagingFailed("stage", error or "staging failed on another rank")
         if not every_layer:
@@ -233,14 +313,23 @@ class SwapEngine:
         st = self._require_staged()
         self.pending = {}
         self.reused_layers = []
+        threads = reads.read_threads(self.comm.world_size)
         with TensorReader() as rd:
 
-            def read_stage(proj: str, name: str) -> torch.Tensor:
-                ref = st.cartridge.keys[name]
-                arr = rd.array(ref.shard, ref.info)
-                if st.cartridge.layout == "full" and self.comm.world_size > 1:
-                    arr = local_trellis(proj, arr, self.base.first, self.base.last)
-                return to_torch(arr)
+            def read_stages(wanted: list[tuple[str, str]]) -> list[torch.Tensor]:
+                refs = [st.cartridge.keys[name] for _, name in wanted]
+                got = reads.read_all(
+                    [reads.tensor_read(rd, ref.shard, ref.info) for ref in refs],
+                    self.device,
+                    threads=threads,
+                )
+                if st.cartridge.layout != "full" or self.comm.world_size == 1:
+                    return got
+                first, last = self.base.first, self.base.last
+                return [
+                    cut_field(proj, "trellis", t, first, last)
+                    for (proj, _), t in zip(wanted, got, strict=True)
+                ]
 
             for i, layer in enumerate(st.info.layers):
                 reuse = self.active.get(layer)
@@ -250,7 +339,7 @@ class SwapEngine:
                     layer,
                     st.tables[layer],
                     range(self.base.num_experts),
-                    read_stage,
+                    read_stages,
                     self.base.rotations(layer),
                     self.device,
                     into=reuse,
@@ -294,9 +383,9 @@ class SwapEngine:
 
     # --- transactions ------------------------------------------------------------------------
 
-    def load(self, adapter: Path) -> AdapterInfo:
+    def load(self, adapter: Path, ahead: StageAhead | None = None) -> AdapterInfo:
         """The whole load transaction; a swap when an adapter is already active."""
-        self.stage(adapter)  # StagingFailed: no pause, no resume
+        self.stage(adapter, ahead)  # StagingFailed: no pause, no resume
         return self._transaction(keep=False)
 
     def _transaction(self, keep: bool) -> AdapterInfo:

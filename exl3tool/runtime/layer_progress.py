@@ -1,7 +1,8 @@
 """Progress of verify-swap over layers and phases (rank 0 only).
 
 On a terminal: one bar over layers × phases (`io.progress`). Otherwise (CI logs): one line per
-layer on stderr with its time, so a long run shows it is alive and how fast it goes.
+layer on stderr with its time and that of each phase, so a long run shows it is alive, how fast it
+goes and where a layer's time went.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class LayerProgress:
         self._done = 0
         self._in_layer = 0
         self._t0 = time.perf_counter()
+        self._marks: list[tuple[str, float]] = []  # (phase, start) of the current layer
 
     def __enter__(self) -> LayerProgress:
         if self.tty:
@@ -43,15 +45,19 @@ class LayerProgress:
         if self._in_layer:
             self.bar.advance(1)
         self._in_layer += 1
+        self._marks.append((name, time.perf_counter()))
 
     def layer_done(self, layer: int, seconds: float) -> None:
         self.bar.advance(max(0, len(self.phases) - self._in_layer + 1))
         self._in_layer = 0
         self._done += 1
+        now = time.perf_counter()
+        ends = [t for _, t in self._marks[1:]] + [now] if self._marks else []
+        split = ", ".join(f"{n} {e - t:.2f}" for (n, t), e in zip(self._marks, ends, strict=True))
+        self._marks = []
         if self.enabled and not self.tty:
-            total = time.perf_counter() - self._t0
             sys.stderr.write(
                 f"verify-swap: layer {layer} done ({self._done}/{self.layers}) in "
-                f"{seconds:.2f} s, {total:.1f} s so far\n"
+                f"{seconds:.2f} s ({split}), {now - self._t0:.1f} s so far\n"
             )
             sys.stderr.flush()

@@ -72,14 +72,15 @@ def build_layer(
     layer: int,
     tables: Any,
     experts: range | list[int],
-    read_stage: Callable[[str, str], torch.Tensor],
+    read_stages: Callable[[list[tuple[str, str]]], list[torch.Tensor]],
     base_rotations: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]],
     device: torch.device | str,
     into: CartridgeLayer | None = None,
 ) -> CartridgeLayer:
     """Decode every non-sparse table entry of `layer` into stage terms.
 
-    read_stage(proj, tensor_name): this rank's local trellis of that stage tensor. base_rotations:
+    read_stages([(proj, tensor_name), ...]): this rank's local trellis of each stage tensor, in
+    order (one batch, so that the reads can run on threads). base_rotations:
     (expert, proj) -> this rank's (suh, svh) of the base linear. `into`: an existing runtime of this
     layer to refill (swap A → B reuses common layers, §10.5).
     """
@@ -88,7 +89,8 @@ def build_layer(
     rt.tables = tables
     labels = list(tables.stages)
     pending: list[tuple[tuple[int, str], int, str, torch.Tensor, str]] = []
-    items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    wanted: list[tuple[str, str]] = []
+    rotations: list[tuple[torch.Tensor, torch.Tensor]] = []
     for proj in PROJECTIONS:
         inv = table_inverse_scale(tables, proj)
         # the pointer table, as the kernel reads it: a sparse entry points at a fallback tensor
@@ -100,8 +102,10 @@ def build_layer(
                 scale = inv[s, e]
                 if float(scale) == 0.0:  # sparse entry: the kernel skips this GEMM (§1.3)
                     continue
-                items.append((read_stage(proj, names[s][e]), suh, svh))
+                wanted.append((proj, names[s][e]))
+                rotations.append((suh, svh))
                 pending.append(((e, proj), s, label, scale, names[s][e]))
+    items = [(t, su, sv) for t, (su, sv) in zip(read_stages(wanted), rotations, strict=True)]
     # the layer's stage terms in one call: one kernel launch per (shape, K) group on CUDA
     for (key, s, label, scale, name), lin in zip(
         pending, Exl3Linear.decode_many(items, device), strict=True

@@ -210,6 +210,14 @@ def corrupt_copy(adapter: Path, out: Path) -> Path:
     Untouched shards are hard links (never written to); the flipped shard is a real copy. The
     smallest shard keeps the drill cheap: only it is copied, and staging refuses the adapter as
     soon as that shard's digest is known."""
+    return corrupt_layout(adapter, out)()
+
+
+def corrupt_layout(adapter: Path, out: Path) -> Callable[[], Path]:
+    """`corrupt_copy` in two steps: the links now, and the returned step that writes the flipped
+    shard. A new link changes its source's ctime, which a staging of `adapter` running at that
+    moment reports as a changed source (ST023); writing the flipped shard only reads the source,
+    so it may run beside such a staging."""
     import json
 
     out.mkdir(parents=True)
@@ -219,6 +227,7 @@ def corrupt_copy(adapter: Path, out: Path) -> Path:
     first = (
         min(with_payload, key=lambda p: (adapter / p).stat().st_size) if with_payload else paths[0]
     )
+    flipped: list[tuple[Path, Path]] = []
     for src in sorted(adapter.rglob("*")):
         rel = src.relative_to(adapter)
         dst = out / rel
@@ -227,6 +236,15 @@ def corrupt_copy(adapter: Path, out: Path) -> Path:
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
         if rel.as_posix() == first:
+            flipped.append((src, dst))
+            continue
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copyfile(src, dst)
+
+    def write_flipped() -> Path:
+        for src, dst in flipped:
             shutil.copyfile(src, dst)
             with open(dst, "r+b") as fh:
                 header = int.from_bytes(fh.read(8), "little")
@@ -234,12 +252,9 @@ def corrupt_copy(adapter: Path, out: Path) -> Path:
                 b = fh.read(1)
                 fh.seek(8 + header)
                 fh.write(bytes([b[0] ^ 0x01]))
-        else:
-            try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copyfile(src, dst)
-    return out
+        return out
+
+    return write_flipped
 
 
 def load_dense(path: Path, layers: list[int], device: torch.device) -> dict[int, dict]:

@@ -11,7 +11,7 @@ import torch
 from exl3tool.runtime import verify_steps as vs
 from exl3tool.runtime.base import BaseModel
 from exl3tool.runtime.compare import Tally, compare
-from exl3tool.runtime.engine import RolledBack, Staged, StagingFailed, SwapEngine
+from exl3tool.runtime.engine import RolledBack, StageAhead, Staged, StagingFailed, SwapEngine
 from exl3tool.runtime.verify import Check, Timer
 
 
@@ -34,7 +34,12 @@ def merge_layer_checks(name: str, per_layer: list[tuple[int, Check]]) -> Check:
 
 
 def failure_check(
-    engine: SwapEngine, inp: vs.Inputs, base0: vs.Outputs, bad: Path, staged: Staged
+    engine: SwapEngine,
+    inp: vs.Inputs,
+    base0: vs.Outputs,
+    bad: Path,
+    staged: Staged,
+    ahead: StageAhead | None = None,
 ) -> Check:
     """(a) a copy with one flipped byte must fail staging before any pause; (b) a fault injected
     at activate must roll back to the base bit for bit. Both leave the base outputs equal."""
@@ -42,7 +47,7 @@ def failure_check(
     tally = Tally()
     n_events = len(engine.events)
     try:
-        engine.load(bad)
+        engine.load(bad, ahead)
         problems.append("a corrupted copy was loaded")
     except StagingFailed:
         pass

@@ -23,7 +23,7 @@ from exl3tool.runtime.base import base_geometry, load_base, open_base
 from exl3tool.runtime.cold import ColdIndex
 from exl3tool.runtime.compare import Tally
 from exl3tool.runtime.distributed import Comm
-from exl3tool.runtime.engine import RolledBack, Staged, StagingFailed, SwapEngine
+from exl3tool.runtime.engine import RolledBack, StageAhead, Staged, StagingFailed, SwapEngine
 from exl3tool.runtime.layer_progress import LayerProgress
 from exl3tool.runtime.verify import (
     Check,
@@ -32,6 +32,7 @@ from exl3tool.runtime.verify import (
     VerifyOptions,
     check_from,
     corrupt_copy,
+    corrupt_layout,
     load_dense,
     pick_layers,
     tp_tolerance_check,
@@ -65,6 +66,9 @@ class RankRun:
     cold_b: ColdIndex | None = None
     staged_a: Staged | None = None
     staged_b: Staged | None = None
+    # stagings started on threads at the start (A, B, the drill's corrupted copy of A): they
+    # overlap the first layer's base decode; each is consumed once, or discarded at the end
+    ahead: dict[str, StageAhead] = field(default_factory=dict)
     hot: Tally = field(default_factory=Tally)
     concat: Tally = field(default_factory=Tally)
     table_entries: int = 0
@@ -120,6 +124,7 @@ def _rank_checks(comm: Comm, opts: VerifyOptions, work: Path) -> RankResult:
         opened_base=opened,
     )
     progress = LayerProgress(len(layers), PHASES, enabled=opts.progress and comm.rank == 0)
+    _stage_ahead(run, base_geometry(opened[1], opts.base)[2])
     try:
         with progress:
             for i, L in enumerate(layers):
@@ -128,23 +133,51 @@ def _rank_checks(comm: Comm, opts: VerifyOptions, work: Path) -> RankResult:
                     break
                 progress.layer_done(L, time.perf_counter() - t0)
     finally:
+        for ahead in run.ahead.values():
+            ahead.discard()
         for st in (run.staged_a, run.staged_b):
             if st is not None:
                 SwapEngine.drop_staged(st)
     return _finish(run)
 
 
+def _stage_ahead(run: RankRun, experts: int) -> None:
+    opts, comm = run.opts, run.comm
+
+    def ahead(adapter: Path, prepare=None) -> StageAhead:
+        return StageAhead(
+            adapter, opts.base, comm.rank, comm.world_size, experts, run.work, prepare
+        )
+
+    # the drill's links first: each changes its source's ctime, which A's staging would report.
+    # A manifest too broken to lay out is staging's finding; the drill then never runs.
+    try:
+        write_flipped = corrupt_layout(opts.adapter, run.work / "corrupt")
+    except (OSError, ValueError, KeyError, TypeError):
+        shutil.rmtree(run.work / "corrupt", ignore_errors=True)
+        write_flipped = None
+    run.ahead["a"] = ahead(opts.adapter)
+    if opts.adapter_b is not None:
+        run.ahead["b"] = ahead(opts.adapter_b)
+    if write_flipped is not None:
+        run.ahead["corrupt"] = ahead(run.work / "corrupt", write_flipped)
+
+
+def _take(run: RankRun, key: str) -> StageAhead | None:
+    return run.ahead.pop(key, None)
+
+
 def _stage_adapters(run: RankRun, engine: SwapEngine) -> bool:
     """Stage A (and B) once for every layer; False when A is refused (the run stops)."""
     with run.timer("checks"):
         try:
-            run.staged_a = engine.stage_once(run.opts.adapter)
+            run.staged_a = engine.stage_once(run.opts.adapter, _take(run, "a"))
         except StagingFailed as exc:
             run.load_error = f"load failed: {exc}"
             return False
         if run.opts.adapter_b is not None:
             try:
-                run.staged_b = engine.stage_once(run.opts.adapter_b)
+                run.staged_b = engine.stage_once(run.opts.adapter_b, _take(run, "b"))
             except StagingFailed as exc:
                 run.notes.append(f"adapter B was refused by staging: {exc}")
     run.cold_a = ColdIndex(run.opts.base, run.opts.adapter)
@@ -275,8 +308,11 @@ def _after_load(
     if not run.drilled and L in run.staged_a.info.layers:
         run.drilled = True
         with timer("checks"):
-            bad = corrupt_copy(opts.adapter, run.work / "corrupt")
-            run.add(L, failure_check(engine, inp, base0, bad, run.staged_a))
+            ahead = _take(run, "corrupt")
+            bad = run.work / "corrupt"
+            if ahead is None:  # only one drill per rank; its staging was started ahead
+                bad = corrupt_copy(opts.adapter, bad)
+            run.add(L, failure_check(engine, inp, base0, bad, run.staged_a, ahead))
             shutil.rmtree(bad, ignore_errors=True)
 
 

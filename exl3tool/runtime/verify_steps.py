@@ -171,8 +171,9 @@ def cold_pass(spec: ColdPassSpec) -> ColdPass:
     hidden = x.shape[1]
     res = ColdPass()
     acc, acc1 = _Accum(x, hidden), _Accum(x, hidden)
-    for e in spec.inp.experts:
-        ex = spec.index.expert(L, e, spec.device)
+    # the next experts' files are read on threads while this one decodes (runtime.cold)
+    for ex in spec.index.experts(L, spec.inp.experts, spec.device):
+        e = ex.expert
         acc.add(cold.expert_weights_fn(ex, comm.rank, comm.world_size), x, routing, e, e in routed)
         if spec.tp1:
             acc1.add(cold.expert_weights_fn(ex, 0, 1), x, routing, e, e in routed)
