@@ -105,7 +105,9 @@ class ShardTensors:
             for name, info in header.items():
                 self.where[name] = (path, start, info)
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, pin: bool = False) -> torch.Tensor:
+        """The tensor `name` in a private CPU tensor (page-locked when `pin`: for CUDA copies
+        that do not wait)."""
         path, start, info = self.where[name]
         try:
             dtype = _DTYPES[info["dtype"]]
@@ -119,7 +121,8 @@ class ShardTensors:
             fd = self.handles.get(path)
             if fd is None:
                 fd = self.handles[path] = os.open(path, os.O_RDONLY)
-        raw = torch.empty(end - begin, dtype=torch.uint8)  # no zero fill: pread writes it all
+        # no zero fill: pread writes it all
+        raw = torch.empty(end - begin, dtype=torch.uint8, pin_memory=pin)
         got = os.preadv(fd, [memoryview(raw.numpy())], start + begin) if end > begin else 0
         if got != end - begin:
             raise InputError(f"{path}: shrank while it was read ({name!r} ends past the file)")
@@ -214,7 +217,8 @@ class ColdIndex:
                     if e is None:
                         break
                     reads = self._reads(layer, e)
-                    pending.append((e, [pool.submit(src.get, name) for src, name in reads]))
+                    pin = device.type == "cuda"
+                    pending.append((e, [pool.submit(src.get, n, pin) for src, n in reads]))
                 if not pending:
                     return
                 e, futures = pending.popleft()
@@ -227,7 +231,7 @@ class ColdIndex:
     ) -> ColdExpert:
         out = ColdExpert(e)
         for p in PROJS:
-            suh, svh, trellis = (next(raw).to(device) for _ in range(3))
+            suh, svh, trellis = (_to(next(raw), device) for _ in range(3))
             out.base[p] = effective_weight(trellis, suh, svh, "mcg")
             out.stages[p] = [
                 self._stage(label, [next(raw) for _ in ranks], next(raw), p, suh, svh, device)
@@ -245,10 +249,16 @@ class ColdIndex:
         svh: torch.Tensor,
         device: torch.device,
     ) -> ColdStage:
-        trellis = torch.cat(parts, dim=_AXIS[proj]).to(device)
+        trellis = torch.cat([_to(t, device) for t in parts], dim=_AXIS[proj])
         inv = torch.tensor(1.0 / float(scale), dtype=torch.float32)
         weight = effective_weight(trellis, suh, svh, "mcg")
         return ColdStage(label, inv.to(device), int(trellis.shape[-1]) // 16, weight)
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # from page-locked memory the copy need not wait: the caching host allocator keeps the
+    # block until it is done
+    return t.to(device, non_blocking=t.is_pinned())
 
 
 @dataclass
