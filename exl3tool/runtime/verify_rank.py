@@ -10,6 +10,7 @@ cold expert, whatever the number of layers. All ranks walk the same layers and e
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -133,8 +134,10 @@ def _rank_checks(comm: Comm, opts: VerifyOptions, work: Path) -> RankResult:
                     break
                 progress.layer_done(L, time.perf_counter() - t0)
     finally:
-        for ahead in run.ahead.values():
-            ahead.discard()
+        # an interrupt does not wait for a staging nobody will use (its thread is a daemon)
+        if not isinstance(sys.exc_info()[1], KeyboardInterrupt | SystemExit):
+            for ahead in run.ahead.values():
+                ahead.discard()
         for st in (run.staged_a, run.staged_b):
             if st is not None:
                 SwapEngine.drop_staged(st)
