@@ -186,8 +186,14 @@ class StageAhead(threading.Thread):
 
     def run(self) -> None:
         try:
-            if self._prepare is not None:
-                self._prepare()
+            try:
+                if self._prepare is not None:
+                    self._prepare()
+            except Exception as exc:  # a staging that cannot start is a refusal like any other
+                rank, work_root = self._args[1], self._args[5]
+                tmp = Path(tempfile.mkdtemp(prefix=f"exl3tool-stage-r{rank}-", dir=work_root))
+                self._out = (tmp, None, f"{type(exc).__name__}: {exc}")
+                return
             self._out = stage_local(self.adapter, *self._args)
         except BaseException as exc:  # raised again by result()
             self._error = exc

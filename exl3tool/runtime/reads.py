@@ -28,6 +28,13 @@ from exl3tool.rules.errors import InputError
 __all__ = ["TORCH_DTYPES", "TensorRead", "read_all", "read_threads", "stream_groups", "tensor_read"]
 
 
+# safetensors dtype names (docs/formats/exl3.md §2) of the tensors the runtime reads
+TORCH_DTYPES = {
+    "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I16": torch.int16,
+    "I32": torch.int32, "U8": torch.uint8, "I8": torch.int8,
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class TensorRead:
     """Bytes [offset, offset + nbytes) of an open file, as a tensor of `dtype` and `shape`."""
@@ -52,13 +59,6 @@ def tensor_read(rd: TensorReader, st: SafetensorsFile, info: TensorInfo) -> Tens
 def read_threads(world_size: int = 1) -> int:
     """Reader threads for one rank: the cores shared by the ranks, 2 to 8."""
     return max(2, min(8, (os.cpu_count() or 1) // max(1, world_size)))
-
-
-# safetensors dtype names (docs/formats/exl3.md §2) of the tensors the runtime reads
-TORCH_DTYPES = {
-    "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I16": torch.int16,
-    "I32": torch.int32, "U8": torch.uint8, "I8": torch.int8,
-}  # fmt: skip
 
 
 def _read(r: TensorRead, pin: bool) -> torch.Tensor:
@@ -109,9 +109,11 @@ def stream_groups(
 def read_all(
     reads: Sequence[TensorRead], device: torch.device, *, threads: int | None = None
 ) -> list[torch.Tensor]:
-    """Every read's tensor on `device`, read by `threads` threads in chunks of 16 reads."""
-    chunks = [reads[i : i + 16] for i in range(0, len(reads), 16)]
+    """Every read's tensor on `device`, in order: chunks of one read per thread, two chunks in
+    flight (host memory: twice `threads` tensors)."""
+    n = threads or read_threads()
+    chunks = [reads[i : i + n] for i in range(0, len(reads), n)]
     out: list[torch.Tensor] = []
-    for got in stream_groups(chunks, device, threads=threads, ahead=8):
+    for got in stream_groups(chunks, device, threads=n, ahead=2):
         out.extend(got)
     return out

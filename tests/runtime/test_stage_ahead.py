@@ -60,3 +60,15 @@ def test_verify_leaves_no_staging_thread_and_no_temp_dir(artifacts, tmp_path) ->
     assert run_verify(opts).passed
     assert not [t for t in threading.enumerate() if t.name.startswith("exl3tool-stage")]
     assert list(work.iterdir()) == []
+
+
+def test_a_staging_whose_preparation_fails_is_refused_not_raised(artifacts, tmp_path) -> None:
+    engine = _engine(artifacts, tmp_path)
+
+    def broken() -> None:
+        raise OSError(28, "No space left on device")
+
+    ahead = StageAhead(artifacts.a, artifacts.base, 0, 1, 4, tmp_path, broken)
+    with pytest.raises(StagingFailed, match="No space left on device"):
+        engine.load(artifacts.a, ahead)
+    assert "pause" not in engine.events
