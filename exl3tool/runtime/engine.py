@@ -52,6 +52,10 @@ class TransactionError(RuntimeError):
         self.step = step
 
 
+class StagingCancelled(RuntimeError):
+    """A staging started ahead that nobody will use was told to stop."""
+
+
 class StagingFailed(TransactionError):
     """Staging rejected the adapter before the pause: nothing changed."""
 
@@ -88,7 +92,9 @@ class Staged:
     tables: dict[int, Any]  # layer -> cartridge.tables.LayerTables (this rank's)
 
 
-def stage_adapter(adapter: Path, base: Path, world_size: int, out: Path) -> tuple[Path, str]:
+def stage_adapter(
+    adapter: Path, base: Path, world_size: int, out: Path, progress: Any = None
+) -> tuple[Path, str]:
     """Verified private copy via `stage-cartridge`'s code (every §9 check against the base,
     rank-sharded for TP); returns it and the source manifest's sha256 it recorded."""
     from exl3tool.staging.stage import stage_cartridge
@@ -101,6 +107,7 @@ def stage_adapter(adapter: Path, base: Path, world_size: int, out: Path) -> tupl
         out=out,
         tp=world_size,
         threads=threads,
+        progress=progress,
         reuse_base_identity=True,
     )
     return out, str(result.staging["adapter_manifest_sha256"])
@@ -114,9 +121,11 @@ def stage_local(
     num_experts: int,
     layers: tuple[int, ...] | None,
     work_root: Path | None,
+    progress: Any = None,
 ) -> tuple[Path, Staged | None, str | None]:
     """This rank's part of staging, with no collective: the verified private copy and its tables
-    for `layers` (None: every layer). Returns (temp dir, staged, None) or (temp dir, None, error)."""
+    for `layers` (None: every layer). Returns (temp dir, staged, None) or (temp dir, None, error).
+    `progress.advance(n)` is told each copied chunk (and may raise to stop the staging)."""
     from exl3tool.formats.cartridge import load_cartridge
     from exl3tool.formats.cartridge_tables import materialize_tables
     from exl3tool.rules.registry import Findings
@@ -125,7 +134,7 @@ def stage_local(
     try:
         # source_sha: the identity a publisher knows, the sha256 of the adapter_config.json it
         # ships (a TP-ready staged copy rewrites its manifest, §8)
-        private, source_sha = stage_adapter(adapter, base, world_size, tmp / "adapter")
+        private, source_sha = stage_adapter(adapter, base, world_size, tmp / "adapter", progress)
         findings = Findings()
         cart = load_cartridge(private, findings)
         if findings.has_errors() or cart.manifest is None or cart.manifest_bytes is None:
@@ -179,7 +188,8 @@ class StageAhead(threading.Thread):
     ) -> None:
         super().__init__(name=f"exl3tool-stage-ahead-r{rank}", daemon=True)
         self.adapter, self._prepare = Path(adapter), prepare
-        self._args = (base, rank, world_size, num_experts, None, work_root)
+        self._cancel = threading.Event()
+        self._args = (base, rank, world_size, num_experts, None, work_root, self)
         self._out: tuple[Path, Staged | None, str | None] | None = None
         self._error: BaseException | None = None
         self.start()
@@ -205,8 +215,15 @@ class StageAhead(threading.Thread):
         assert self._out is not None
         return self._out
 
-    def discard(self) -> None:
-        """Wait for it and remove what it staged (a staging that was never used)."""
+    def advance(self, n: int = 1) -> None:
+        """The staging's progress: a cancelled one stops at its next chunk."""
+        if self._cancel.is_set():
+            raise StagingCancelled("the staging was cancelled")
+
+    def discard(self, cancel: bool = False) -> None:
+        """Wait for it (cancelled first when `cancel`) and remove what it staged."""
+        if cancel:
+            self._cancel.set()
         self.join()
         if self._out is not None:
             shutil.rmtree(self._out[0], ignore_errors=True)

@@ -10,7 +10,6 @@ cold expert, whatever the number of layers. All ranks walk the same layers and e
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -134,10 +133,8 @@ def _rank_checks(comm: Comm, opts: VerifyOptions, work: Path) -> RankResult:
                     break
                 progress.layer_done(L, time.perf_counter() - t0)
     finally:
-        # an interrupt does not wait for a staging nobody will use (its thread is a daemon)
-        if not isinstance(sys.exc_info()[1], KeyboardInterrupt | SystemExit):
-            for ahead in run.ahead.values():
-                ahead.discard()
+        for ahead in run.ahead.values():  # stagings nobody used: stopped at their next chunk
+            ahead.discard(cancel=True)
         for st in (run.staged_a, run.staged_b):
             if st is not None:
                 SwapEngine.drop_staged(st)
