@@ -118,7 +118,7 @@ def test_rollback_that_forgets_a_layer_fails(artifacts, monkeypatch) -> None:
 
 
 def test_staging_that_skips_verification_fails(artifacts, monkeypatch) -> None:
-    def unverified(adapter, base, world_size, out):
+    def unverified(adapter, base, world_size, out, progress=None):
         shutil.copytree(adapter, out)  # BUG: no sha256 check, no validation
         return out, "0" * 64
 
