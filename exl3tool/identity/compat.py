@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,6 +244,8 @@ def runtime_view(ckpt: Checkpoint) -> Checkpoint:
 
 _BASE_CACHE: dict[tuple[Any, ...], CompatIdentity] = {}
 _BASE_CACHE_SIZE = 4
+_BASE_LOCK = threading.Lock()
+_BASE_LOCKS: dict[tuple[Any, ...], threading.Lock] = {}
 
 
 def cached_compat_identity(
@@ -260,10 +263,16 @@ def cached_compat_identity(
         k,
         tuple(sorted((label, st.stamp) for label, st in ckpt.shards.items())),
     )
-    hit = _BASE_CACHE.get(key)
-    if hit is None:
-        hit = compat_identity(ckpt, k=k, threads=threads)
-        while len(_BASE_CACHE) >= _BASE_CACHE_SIZE:
-            _BASE_CACHE.pop(next(iter(_BASE_CACHE)))
-        _BASE_CACHE[key] = hit
+    with _BASE_LOCK:  # stagings run on threads (verify-swap): one computes, the others wait
+        lock = _BASE_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        hit = _BASE_CACHE.get(key)
+        if hit is None:
+            hit = compat_identity(ckpt, k=k, threads=threads)
+            with _BASE_LOCK:
+                while len(_BASE_CACHE) >= _BASE_CACHE_SIZE:
+                    old = next(iter(_BASE_CACHE))
+                    _BASE_CACHE.pop(old)
+                    _BASE_LOCKS.pop(old, None)
+                _BASE_CACHE[key] = hit
     return hit

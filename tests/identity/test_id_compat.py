@@ -104,3 +104,35 @@ def test_no_experts(tmp_path: Path) -> None:
     write_shard(tmp_path / "m.safetensors", {"w": np.zeros(4, np.float32)})
     ident = compat_identity(load_checkpoint(tmp_path / "m.safetensors", Findings()))
     assert ident.root is None and ident.problems
+
+
+def test_cached_identity_is_computed_once_for_concurrent_callers(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import threading
+    import time
+
+    from exl3tool.identity import compat
+
+    write_checkpoint(tmp_path, _vector_tensors())
+    ckpt = load_checkpoint(tmp_path, Findings())
+    calls = []
+    real = compat.compat_identity
+
+    def slow(*args, **kwargs):
+        calls.append(1)
+        time.sleep(0.2)  # long enough for every thread to ask while it runs
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compat, "compat_identity", slow)
+    monkeypatch.setattr(compat, "_BASE_CACHE", {})
+    out = []
+    threads = [
+        threading.Thread(target=lambda: out.append(compat.cached_compat_identity(ckpt, k=2)))
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(out) == 4 and all(o is out[0] for o in out)
