@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -204,6 +205,13 @@ def _payload_start(path: Path) -> int | None:
         return None
 
 
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def corrupt_copy(adapter: Path, out: Path) -> Path:
     """A copy of `adapter` with one byte flipped in the payload of its smallest shard.
 
@@ -220,13 +228,23 @@ def corrupt_layout(adapter: Path, out: Path) -> Callable[[], Path]:
     so it may run beside such a staging."""
     import json
 
-    out.mkdir(parents=True)
+    from exl3tool.io.paths import relative_path_problem
+
     manifest = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
-    paths = [s["path"] for s in manifest["shards"]]
+    # verify-swap lays this out before staging has vetted the manifest: only plain relative
+    # names of regular files inside the adapter are opened (a FIFO would block, `..` escape)
+    paths = [
+        p
+        for p in (s["path"] for s in manifest["shards"])
+        if relative_path_problem(p) is None and _regular(adapter / p)
+    ]
+    if not paths:
+        raise ValueError("no shard of the manifest is a regular file of the adapter")
     with_payload = [p for p in paths if _payload_start(adapter / p) is not None]
     first = (
         min(with_payload, key=lambda p: (adapter / p).stat().st_size) if with_payload else paths[0]
     )
+    out.mkdir(parents=True)
     flipped: list[tuple[Path, Path]] = []
     for src in sorted(adapter.rglob("*")):
         rel = src.relative_to(adapter)

@@ -4,6 +4,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from exl3tool.runtime.verify import corrupt_copy
 
 
@@ -29,3 +31,26 @@ def test_flips_one_payload_byte_of_the_smallest_shard(tmp_path) -> None:
     assert a[start] ^ b[start] == 1  # the first payload byte, never the header
     for name in ("big.safetensors", "empty.safetensors", "adapter_config.json"):
         assert os.stat(out / name).st_ino == os.stat(src / name).st_ino  # linked, not written
+
+
+def test_the_layout_opens_only_regular_files_inside_the_adapter(tmp_path) -> None:
+    """verify-swap lays the drill out before staging has vetted the manifest: a FIFO must not
+    block it, a path outside the adapter must not be read."""
+    from exl3tool.runtime.verify import corrupt_layout
+
+    src = tmp_path / "a"
+    src.mkdir()
+    os.mkfifo(src / "pipe.safetensors")
+    outside = tmp_path / "outside.safetensors"
+    _shard(outside, bytes(64))
+    manifest = {"shards": [{"path": "pipe.safetensors"}, {"path": "../outside.safetensors"}]}
+    (src / "adapter_config.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="no shard"):
+        corrupt_layout(src, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+
+    _shard(src / "real.safetensors", bytes(64))
+    manifest["shards"].append({"path": "real.safetensors"})
+    (src / "adapter_config.json").write_text(json.dumps(manifest))
+    out = corrupt_layout(src, tmp_path / "bad")()
+    assert (out / "real.safetensors").read_bytes() != (src / "real.safetensors").read_bytes()
