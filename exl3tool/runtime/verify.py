@@ -206,8 +206,10 @@ def _payload_start(path: Path) -> int | None:
 
 
 def _regular(path: Path) -> bool:
+    """A regular file, links followed (a Hugging Face cache snapshot links its files into
+    blobs/, and staging follows them too)."""
     try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
+        return stat.S_ISREG(os.stat(path).st_mode)
     except OSError:
         return False
 
@@ -232,7 +234,7 @@ def corrupt_layout(adapter: Path, out: Path) -> Callable[[], Path]:
 
     manifest = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
     # verify-swap lays this out before staging has vetted the manifest: only plain relative
-    # names of regular files inside the adapter are opened (a FIFO would block, `..` escape)
+    # names of regular files are opened (a FIFO would block, `..` would escape the adapter)
     paths = [
         p
         for p in (s["path"] for s in manifest["shards"])
@@ -256,8 +258,8 @@ def corrupt_layout(adapter: Path, out: Path) -> Callable[[], Path]:
         if rel.as_posix() == first:
             flipped.append((src, dst))
             continue
-        try:
-            os.link(src, dst)
+        try:  # a cache snapshot's (relative) link: a hard link to its blob (link() keeps links)
+            os.link(src.resolve(), dst)
         except OSError:
             shutil.copyfile(src, dst)
 

@@ -310,9 +310,13 @@ def _after_load(
         with timer("checks"):
             ahead = _take(run, "corrupt")
             bad = run.work / "corrupt"
-            if ahead is None:  # only one drill per rank; its staging was started ahead
-                bad = corrupt_copy(opts.adapter, bad)
-            run.add(L, failure_check(engine, inp, base0, bad, run.staged_a, ahead))
+            try:
+                if ahead is None:  # its layout failed at the start (e.g. no space left)
+                    bad = corrupt_copy(opts.adapter, bad)
+                run.add(L, failure_check(engine, inp, base0, bad, run.staged_a, ahead))
+            except (OSError, ValueError) as exc:
+                why = f"skipped: the corrupted copy could not be made ({exc})"
+                run.add(L, Check("failed-load-leaves-base", None, why))
             shutil.rmtree(bad, ignore_errors=True)
 
 

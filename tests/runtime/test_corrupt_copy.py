@@ -54,3 +54,24 @@ def test_the_layout_opens_only_regular_files_inside_the_adapter(tmp_path) -> Non
     (src / "adapter_config.json").write_text(json.dumps(manifest))
     out = corrupt_layout(src, tmp_path / "bad")()
     assert (out / "real.safetensors").read_bytes() != (src / "real.safetensors").read_bytes()
+
+
+def test_cache_snapshot_links_are_linked_through_to_their_blobs(tmp_path) -> None:
+    """In a Hugging Face snapshot every file is a relative link into ../../blobs: the drill's
+    copy must hold the files, not links that dangle from their new place."""
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "abc"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    for name, n in (("big.safetensors", 256), ("small.safetensors", 32)):
+        _shard(blobs / name, bytes(range(n)))
+        os.symlink(f"../../blobs/{name}", snap / name)
+    manifest = {"shards": [{"path": "big.safetensors"}, {"path": "small.safetensors"}]}
+    (blobs / "cfg").write_text(json.dumps(manifest))
+    os.symlink("../../blobs/cfg", snap / "adapter_config.json")
+
+    out = corrupt_copy(snap, tmp_path / "bad")
+
+    for name in ("big.safetensors", "adapter_config.json"):
+        assert not (out / name).is_symlink() and (out / name).is_file()
+        assert (out / name).read_bytes() == (snap / name).read_bytes()
+    assert (out / "small.safetensors").read_bytes() != (snap / "small.safetensors").read_bytes()
