@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import os
 import shutil
 import tempfile
 import threading
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from exl3tool.formats.names import PROJECTIONS
+from exl3tool.identity.engine import default_threads
 from exl3tool.io.views import TensorReader
 from exl3tool.runtime import reads
 from exl3tool.runtime.base import BaseModel, cut_field
@@ -100,7 +100,7 @@ def stage_adapter(
     from exl3tool.staging.stage import stage_cartridge
 
     # copy threads: each holds an 8 MiB buffer; ranks share the cores (a fixed memory overhead)
-    threads = max(2, (os.cpu_count() or 1) // world_size)
+    threads = max(2, default_threads() // world_size)
     result = stage_cartridge(
         Path(adapter),
         Path(base),

@@ -13,7 +13,6 @@ consumer, so reading overlaps the GPU work on the previous group. Host memory is
 from __future__ import annotations
 
 import math
-import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from exl3tool.identity.engine import default_threads
 from exl3tool.io.safetensors import SafetensorsFile, TensorInfo
 from exl3tool.io.views import PayloadFile, TensorReader
 from exl3tool.rules.errors import InputError
@@ -57,8 +57,8 @@ def tensor_read(rd: TensorReader, st: SafetensorsFile, info: TensorInfo) -> Tens
 
 
 def read_threads(world_size: int = 1) -> int:
-    """Reader threads for one rank: the cores shared by the ranks, 2 to 8."""
-    return max(2, min(8, (os.cpu_count() or 1) // max(1, world_size)))
+    """Reader threads for one rank: the cores this process may use, shared by the ranks, 2 to 8."""
+    return max(2, min(8, default_threads() // max(1, world_size)))
 
 
 def _read(r: TensorRead, pin: bool) -> torch.Tensor:
