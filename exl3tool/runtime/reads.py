@@ -1,13 +1,13 @@
 """Tensor bytes from files straight into torch tensors, on threads, ahead of their use (issue 16).
 
 A verify-swap layer reads ~12 GB at the GLM geometry (the base, the staged stages, the cold
-pass's base and stages). One thread with a bytearray per tensor zero-fills it, copies it once
-more into a numpy array and again into a tensor, then copies it to the GPU from pageable memory.
-Here each tensor is read once, with `pread` (`io.views.PayloadFile`: a shrinking file is
-`InputChanged`, never SIGBUS), into an uninitialised tensor (pinned when the target is CUDA), by
-a pool of threads (`pread` releases the GIL), and groups are read a bounded number ahead of the
-consumer, so reading overlaps the GPU work on the previous group. Host memory is bounded by
-`ahead` groups.
+pass's base and stages). Each tensor is read once, with `pread` (`io.views.PayloadFile`: a
+shrinking file is `InputChanged`, never SIGBUS), into an uninitialised tensor (page-locked when
+the target is CUDA), by a pool of threads (`pread` releases the GIL); groups are read a bounded
+number ahead of the consumer, so reading overlaps the GPU work on the previous group, and host
+memory is bounded by `ahead` groups. (What it replaced, a zeroed bytearray per tensor copied into
+numpy, into a tensor and from pageable memory to the GPU, one tensor after another, is where the
+sampled GLM layer in benchmarks/RESULTS.md, "seventh landing", spent most of its time.)
 """
 
 from __future__ import annotations
