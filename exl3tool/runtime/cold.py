@@ -207,6 +207,7 @@ class ColdIndex:
     ) -> Iterator[ColdExpert]:
         """`expert(layer, e)` for each of `ids` in order; the files of the next `ahead` experts
         are read on threads while the current one is decoded (the memory of `ahead` experts)."""
+        pin = device.type == "cuda"
         pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="exl3cold")
         pending: deque[tuple[int, list[Future[torch.Tensor]]]] = deque()
         todo = iter(ids)
@@ -217,7 +218,6 @@ class ColdIndex:
                     if e is None:
                         break
                     reads = self._reads(layer, e)
-                    pin = device.type == "cuda"
                     pending.append((e, [pool.submit(src.get, n, pin) for src, n in reads]))
                 if not pending:
                     return

@@ -119,19 +119,22 @@ def stage_local(
     rank: int,
     world_size: int,
     num_experts: int,
-    layers: tuple[int, ...] | None,
     work_root: Path | None,
     progress: Any = None,
+    prepare: Callable[[], None] | None = None,
 ) -> tuple[Path, Staged | None, str | None]:
-    """This rank's part of staging, with no collective: the verified private copy and its tables
-    for `layers` (None: every layer). Returns (temp dir, staged, None) or (temp dir, None, error).
-    `progress.advance(n)` is told each copied chunk (and may raise to stop the staging)."""
+    """This rank's part of staging, with no collective: the verified private copy and every
+    layer's tables. Returns (temp dir, staged, None) or (temp dir, None, error). `prepare()` runs
+    first (the drill writes its corrupted copy); `progress.advance(n)` is told each copied chunk
+    and may raise to stop the staging."""
     from exl3tool.formats.cartridge import load_cartridge
     from exl3tool.formats.cartridge_tables import materialize_tables
     from exl3tool.rules.registry import Findings
 
     tmp = Path(tempfile.mkdtemp(prefix=f"exl3tool-stage-r{rank}-", dir=work_root))
     try:
+        if prepare is not None:
+            prepare()
         # source_sha: the identity a publisher knows, the sha256 of the adapter_config.json it
         # ships (a TP-ready staged copy rewrites its manifest, §8)
         private, source_sha = stage_adapter(adapter, base, world_size, tmp / "adapter", progress)
@@ -140,18 +143,15 @@ def stage_local(
         if findings.has_errors() or cart.manifest is None or cart.manifest_bytes is None:
             raise ValueError(f"staged copy does not load: {findings.errors()[:1]}")
         tables = materialize_tables(cart, rank=rank, world_size=world_size, num_experts=num_experts)
-        chosen = tuple(sorted(L for L in tables if layers is None or L in layers))
-        if not chosen:
-            raise ValueError("the adapter does not select any layer of this runtime")
         info = AdapterInfo(
             str(adapter),
             source_sha,
             hashlib.sha256(cart.manifest_bytes).hexdigest(),
             str(cart.manifest.get("assembly")),
             tuple(c["label"] for c in cart.manifest["chain"]),
-            chosen,
+            tuple(sorted(tables)),
         )
-        return tmp, Staged(info, tmp, cart, {L: tables[L] for L in chosen}), None
+        return tmp, Staged(info, tmp, cart, tables), None
     except Exception as exc:  # reported by every rank's agreement (§10.2 step 1)
         error = f"{type(exc).__name__}: {exc}"
         found = getattr(exc, "findings", None)
@@ -160,21 +160,17 @@ def stage_local(
         return tmp, None, error
 
 
-def _narrowed(staged: Staged, layers: list[int]) -> tuple[Staged | None, str | None]:
-    """A staging of every layer cut to `layers` (what `stage_local` would have kept)."""
+def _cut_to(staged: Staged, layers: list[int]) -> Staged:
+    """The same staging, for the layers of `layers` only (it may select none of them)."""
     chosen = tuple(L for L in staged.info.layers if L in layers)
-    if not chosen:
-        return None, "ValueError: the adapter does not select any layer of this runtime"
     info = dataclasses.replace(staged.info, layers=chosen)
-    return Staged(
-        info, staged.private_dir, staged.cartridge, {L: staged.tables[L] for L in chosen}
-    ), None
+    return Staged(info, staged.private_dir, staged.cartridge, {L: staged.tables[L] for L in chosen})
 
 
 class StageAhead(threading.Thread):
-    """`stage_local` of an adapter for every layer, on a thread started before the engine that
-    will use it exists: verify-swap overlaps staging (bound by one sha256 pass per shard) with
-    the base decode. `prepare()` runs first on the thread (the drill's corrupted copy)."""
+    """`stage_local` of an adapter on a thread started before the engine that will use it
+    exists: verify-swap overlaps staging (bound by one sha256 pass per shard) with the base
+    decode. A staging nobody will use is cancelled (`discard`) and stops at its next chunk."""
 
     def __init__(
         self,
@@ -187,23 +183,15 @@ class StageAhead(threading.Thread):
         prepare: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name=f"exl3tool-stage-ahead-r{rank}", daemon=True)
-        self.adapter, self._prepare = Path(adapter), prepare
+        self.adapter = Path(adapter)
         self._cancel = threading.Event()
-        self._args = (base, rank, world_size, num_experts, None, work_root, self)
+        self._args = (base, rank, world_size, num_experts, work_root, self, prepare)
         self._out: tuple[Path, Staged | None, str | None] | None = None
         self._error: BaseException | None = None
         self.start()
 
     def run(self) -> None:
         try:
-            try:
-                if self._prepare is not None:
-                    self._prepare()
-            except Exception as exc:  # a staging that cannot start is a refusal like any other
-                rank, work_root = self._args[1], self._args[5]
-                tmp = Path(tempfile.mkdtemp(prefix=f"exl3tool-stage-r{rank}-", dir=work_root))
-                self._out = (tmp, None, f"{type(exc).__name__}: {exc}")
-                return
             self._out = stage_local(self.adapter, *self._args)
         except BaseException as exc:  # raised again by result()
             self._error = exc
@@ -284,8 +272,6 @@ class SwapEngine:
             if ahead.adapter != Path(adapter):
                 raise ValueError(f"the staging started ahead is {ahead.adapter}, not {adapter}")
             tmp, staged, error = ahead.result()
-            if staged is not None and not every_layer:  # only the layers this engine holds
-                staged, error = _narrowed(staged, self.base.layers)
         else:
             tmp, staged, error = stage_local(
                 adapter,
@@ -293,8 +279,14 @@ class SwapEngine:
                 self.comm.rank,
                 self.comm.world_size,
                 self.base.num_experts,
-                None if every_layer else tuple(self.base.layers),
                 self.work_root,
+            )
+        if staged is not None and not every_layer:  # only the layers this engine holds
+            staged = _cut_to(staged, self.base.layers)
+        if staged is not None and not staged.info.layers:
+            staged, error = (
+                None,
+                "ValueError: the adapter does not select any layer of this runtime",
             )
         if self.fault_at == "stage":
             error = "InjectedFault: fault injected at stage"
@@ -312,9 +304,7 @@ class SwapEngine:
         Only the layers this engine holds are prepared; an adapter that selects none of them
         loads as "nothing active" (its other layers live in other engines). The private copy is
         kept for the next load."""
-        layers = tuple(L for L in staged.info.layers if L in self.base.layers)
-        info = dataclasses.replace(staged.info, layers=layers)
-        self.staged = Staged(info, staged.private_dir, staged.cartridge, staged.tables)
+        self.staged = _cut_to(staged, self.base.layers)
         return self._transaction(keep=True)
 
     @staticmethod

@@ -163,21 +163,17 @@ def _stage_ahead(run: RankRun, experts: int) -> None:
         run.ahead["corrupt"] = ahead(run.work / "corrupt", write_flipped)
 
 
-def _take(run: RankRun, key: str) -> StageAhead | None:
-    return run.ahead.pop(key, None)
-
-
 def _stage_adapters(run: RankRun, engine: SwapEngine) -> bool:
     """Stage A (and B) once for every layer; False when A is refused (the run stops)."""
     with run.timer("checks"):
         try:
-            run.staged_a = engine.stage_once(run.opts.adapter, _take(run, "a"))
+            run.staged_a = engine.stage_once(run.opts.adapter, run.ahead.pop("a", None))
         except StagingFailed as exc:
             run.load_error = f"load failed: {exc}"
             return False
         if run.opts.adapter_b is not None:
             try:
-                run.staged_b = engine.stage_once(run.opts.adapter_b, _take(run, "b"))
+                run.staged_b = engine.stage_once(run.opts.adapter_b, run.ahead.pop("b", None))
             except StagingFailed as exc:
                 run.notes.append(f"adapter B was refused by staging: {exc}")
     run.cold_a = ColdIndex(run.opts.base, run.opts.adapter)
@@ -308,7 +304,7 @@ def _after_load(
     if not run.drilled and L in run.staged_a.info.layers:
         run.drilled = True
         with timer("checks"):
-            ahead = _take(run, "corrupt")
+            ahead = run.ahead.pop("corrupt", None)
             bad = run.work / "corrupt"
             try:
                 if ahead is None:  # its layout failed at the start (e.g. no space left)
