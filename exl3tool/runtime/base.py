@@ -168,11 +168,9 @@ def load_base(
             out = []
             for proj in PROJECTIONS:
                 for c in TP_FIELDS:
-                    ref = ckpt.tensors.get(spec.base_key(layer, e, proj, c))
+                    ref = ckpt.tensors.get(name := spec.base_key(layer, e, proj, c))
                     if ref is None:
-                        raise InputError(
-                            f"{path}: base tensor {spec.base_key(layer, e, proj, c)} is missing"
-                        )
+                        raise InputError(f"{path}: base tensor {name} is missing")
                     out.append(reads.tensor_read(rd, ref.shard, ref.info))
             return out
 
