@@ -299,28 +299,47 @@ def tile_rows(trellis: torch.Tensor) -> tuple[torch.Tensor, int]:
     return trellis, trellis.shape[1] * trellis.shape[2] // 2
 
 
-def pick_config(tiles_k, n, cb_id, rate, device, try_launch) -> tuple[int, int, int]:
-    """The fastest of CONFIGS for this shape and rate, timed once per process on CUDA."""
+def pick_config(tiles_k, n, cb_id, rate, device, try_launch, agrees) -> tuple[int, int, int] | None:
+    """The fastest of CONFIGS for this shape and rate whose output equals the torch path's bit for
+    bit, chosen once per process; None when no config does (the caller then decodes with torch).
+
+    try_launch(config) decodes with that config; agrees() then says whether its output equals the
+    torch path. Timed on CUDA for shapes of at least 2^20 weights, else the first config that
+    agrees. The bits are checked because a build can miscompile one config: with Triton 3.6 on
+    an H200, (1, 256, 1) decoded K = 2 wrongly, every other config right (RESULTS, eighth landing)."""
     key = (tiles_k, n, rate.words, cb_id, device)
-    cfg = _best.get(key)
-    if cfg is not None:
-        return cfg
-    if device.type != "cuda" or 16 * tiles_k * n < (1 << 20):
-        cfg = CONFIGS[0]
-    else:
-        times = []
-        for cand in CONFIGS:
-            try_launch(cand)  # compile + warm
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(TUNE_CALLS):
-                try_launch(cand)
-            end.record()
-            end.synchronize()
-            times.append((start.elapsed_time(end), cand))
-        cfg = min(times)[1]
+    if key in _best:
+        return _best[key]
+    timed = device.type == "cuda" and 16 * tiles_k * n >= (1 << 20)
+    good: list[tuple[float, tuple[int, int, int]]] = []
+    for cand in CONFIGS:
+        try_launch(cand)  # compile + warm
+        if not agrees():
+            continue
+        if not timed:
+            good.append((0.0, cand))
+            break
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(TUNE_CALLS):
+            try_launch(cand)
+        end.record()
+        end.synchronize()
+        good.append((start.elapsed_time(end), cand))
+    cfg = min(good)[1] if good else None
     _best[key] = cfg
     return cfg
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def torch_decode(trellis: torch.Tensor, codebook: str) -> torch.Tensor:
+    """Ŵ by the torch path (the reference a kernel config must equal)."""
+    from exl3tool.trellis.decode import decode_rotated as decode
+
+    return decode(trellis, codebook, backend="torch")
 
 
 def decode_rotated(
@@ -337,7 +356,11 @@ def decode_rotated(
     cfg = pick_config(
         tiles_k, n, cb_id, rate, out.device,
         lambda cand: launch(words, out, None, tiles_k, n, row_stride, cb_id, rate, cand),
+        lambda: same_bits(out, torch_decode(trellis, codebook)),
     )  # fmt: skip
+    if cfg is None:  # no config of this build decodes this rate right: the torch path
+        out.copy_(torch_decode(trellis, codebook))
+        return
     kept = launch(words, out, None, tiles_k, n, row_stride, cb_id, rate, cfg)
     if remember is not None and kept is not None and words is trellis and _fast_ok:
         grid, consts = _geometry(tiles_k, n, cb_id, rate, cfg, 1, False)
