@@ -44,6 +44,7 @@ from exl3tool.runtime.verify_layer_checks import (
     quality_check,
     swap_check,
 )
+from exl3tool.runtime.warmup import start_warmup
 
 PHASES = ("decode base", "load", "cold pass", "checks")
 
@@ -124,6 +125,8 @@ def _rank_checks(comm: Comm, opts: VerifyOptions, work: Path) -> RankResult:
         opened_base=opened,
     )
     progress = LayerProgress(len(layers), PHASES, enabled=opts.progress and comm.rank == 0)
+    adapters = [a for a in (opts.adapter, opts.adapter_b) if a is not None]
+    warmup = start_warmup(comm.device, opened[0], adapters)
     _stage_ahead(run, base_geometry(opened[1], opts.base)[2])
     try:
         with progress:
@@ -133,6 +136,8 @@ def _rank_checks(comm: Comm, opts: VerifyOptions, work: Path) -> RankResult:
                     break
                 progress.layer_done(L, time.perf_counter() - t0)
     finally:
+        if warmup is not None:
+            warmup.stop()
         for ahead in run.ahead.values():  # stagings nobody used: stopped at their next chunk
             ahead.discard(cancel=True)
         for st in (run.staged_a, run.staged_b):

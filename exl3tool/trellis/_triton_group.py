@@ -15,6 +15,7 @@ TRITON_INTERPRET=1 both kernels run on CPU tensors (tests only); there the FMA i
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -201,7 +202,15 @@ def decode_group(
         _triton.launch(words[0], out, table, tiles_k, n, row_stride, cb_id, rate, cfg,
                        grid_z=len(words))  # fmt: skip
 
-    run(config or _triton.pick_config(tiles_k, n, cb_id, rate, out.device, run))
+    def agrees() -> bool:  # the first matrix stands for the group: one kernel decodes them all
+        return _triton.same_bits(out[0], _triton.torch_decode(trellises[0], codebook))
+
+    cfg = config or _triton.pick_config(tiles_k, n, cb_id, rate, out.device, run, agrees)
+    if cfg is None:  # no config of this build decodes this rate right: the torch path
+        for t, o in zip(trellises, out, strict=True):
+            o.copy_(_triton.torch_decode(t, codebook))
+        return
+    run(cfg)
 
 
 def weight_group(
@@ -228,21 +237,126 @@ def weight_group(
         dot = dot_matches(dev, had)
     table = _table(list(zip(trellises, suhs, svhs, outs, strict=True)), dev)
     grid = (k // 128, n // 128, len(trellises))
-    _group_weight_kernel[grid](
-        table,
-        had,
-        row0,
-        col0,
-        n,
-        tiles_n,
-        WD=rate.words,
-        KB=rate.bits,
-        HALF=rate.half,
-        CB=_triton._CB_ID[codebook],
-        EMU=dev.type == "cpu",
-        DOT=dot,
-        num_warps=WEIGHT_WARPS,
-    )
+    cb = _triton._CB_ID[codebook]
+
+    def run() -> None:
+        _group_weight_kernel[grid](
+            table,
+            had,
+            row0,
+            col0,
+            n,
+            tiles_n,
+            WD=rate.words,
+            KB=rate.bits,
+            HALF=rate.half,
+            CB=cb,
+            EMU=dev.type == "cpu",
+            DOT=dot,
+            num_warps=WEIGHT_WARPS,
+        )
+
+    variant = (dev, rate, cb, dot, _triton._specialized(row0, col0, n, tiles_n))
+    if variant in _launched:
+        run()
+        return
+    with _compile_lock(variant):  # a variant another thread is compiling is waited for
+        run()
+        _launched.add(variant)
+
+
+# Kernel variants launched once (compiled): their first launch runs under a per-variant lock,
+# so a warm-up thread (`warm_weights`) and the decode never compile the same variant twice.
+_launched: set[tuple] = set()
+_locks: dict[tuple, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _compile_lock(variant: tuple) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(variant, threading.Lock())
+
+
+def warm_weights(device: torch.device, ks: Sequence[int], codebook: str = "mcg") -> list[int]:
+    """Compile the W_eff kernel for each integer K on `device`; the K values warmed, in order.
+
+    The variants are compiled in parallel where Triton can (`triton.AsyncCompileMode`; most of a
+    compile runs outside the GIL): the dot-form check's two variants and, speculatively, the dot
+    form of each K. Each K is then run once on a 256 x 256 matrix. Any failure stops the warm-up
+    silently: the decode then compiles what it needs itself, as without a warm-up."""
+    from exl3tool.trellis.bitstream import rate_from_k
+    from exl3tool.trellis.errors import TrellisError
+    from exl3tool.trellis.hadamard import hadamard_matrix
+
+    done: list[int] = []
+    try:
+        dev = _indexed(device)
+        had = hadamard_matrix(dev)
+        rates = []
+        for k in ks:  # up to the first K that is no trellis rate
+            try:
+                rates.append(rate_from_k(k))
+            except TrellisError:
+                break
+        if dev.type == "cuda":
+            _compile_ahead(dev, had, [(rate_from_k(4), False), (rate_from_k(4), True)]
+                           + [(r, True) for r in rates], codebook)  # fmt: skip
+        dot = dot_matches(dev, had)
+        g = torch.Generator().manual_seed(7)
+        for k, rate in zip(ks, rates, strict=False):
+            t = torch.randint(-32768, 32768, (16, 16, rate.words), dtype=torch.int16, generator=g)
+            scale = torch.ones(256, dtype=torch.float16, device=dev)
+            out = torch.empty(256, 256, dtype=torch.float16, device=dev)
+            weight_group([t.to(dev)], [scale], [scale], [out], had, codebook, rate, dot=dot)
+            done.append(k)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    except Exception:  # warm-up is an optimisation only
+        pass
+    return done
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """`device` with its index (the form a tensor's `.device` has)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _compile_ahead(dev: torch.device, had: torch.Tensor, forms: list, codebook: str) -> None:
+    """Compile the W_eff variants (rate, dot form) of a 256 x 256 launch in parallel, each under
+    its variant lock; a variant already compiled or being compiled elsewhere is skipped. Without
+    `triton.AsyncCompileMode` (older Triton) nothing is compiled here."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    mode = getattr(triton, "AsyncCompileMode", None)
+    if mode is None:
+        return
+    cb = _triton._CB_ID[codebook]
+    held: list[tuple[tuple, threading.Lock]] = []
+    table = torch.zeros((1, 4), dtype=torch.int64, device=dev)
+    try:
+        for rate, dot in dict.fromkeys(forms):
+            variant = (dev, rate, cb, dot, _triton._specialized(0, 0, 256, 16))
+            lock = _compile_lock(variant)
+            if variant in _launched or not lock.acquire(blocking=False):
+                continue
+            held.append((variant, lock))
+        if not held:
+            return
+        with ThreadPoolExecutor(len(held)) as pool, mode(pool):
+            for (_, rate, _, dot, _), _ in held:
+                _group_weight_kernel.warmup(
+                    table, had, 0, 0, 256, 16,
+                    WD=rate.words, KB=rate.bits, HALF=rate.half, CB=cb, EMU=False, DOT=dot,
+                    num_warps=WEIGHT_WARPS, grid=(1, 1, 1),
+                )  # fmt: skip
+        for variant, _ in held:
+            _launched.add(variant)
+    finally:
+        for _, lock in held:
+            lock.release()
 
 
 _dot_ok: dict[torch.device, bool] = {}
@@ -257,20 +371,28 @@ def dot_matches(device: torch.device, had: torch.Tensor) -> bool:
     if device.type != "cuda":
         return False
     ok = _dot_ok.get(device)
-    if ok is None:
-        from exl3tool.trellis.bitstream import _check_trellis
-
-        g = torch.Generator().manual_seed(54)
-        t = torch.randint(-32768, 32768, (16, 16, 64), dtype=torch.int16, generator=g).to(device)
-        su = (torch.randn(256, generator=g) + 0.1).half().to(device)
-        sv = (torch.randn(256, generator=g) + 0.1).half().to(device)
-        outs = [torch.empty(256, 256, dtype=torch.float16, device=device) for _ in range(2)]
-        rate = _check_trellis(t)
-        try:
-            for out, form in zip(outs, (False, True), strict=True):
-                weight_group([t], [su], [sv], [out], had, "mcg", rate, dot=form)
-            ok = torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
-        except Exception:  # any failure of the dot build keeps the loop form
-            ok = False
-        _dot_ok[device] = ok
+    if ok is not None:
+        return ok
+    with _compile_lock(("dot_matches", device)):
+        ok = _dot_ok.get(device)
+        if ok is None:
+            ok = _dot_matches(device, had)
+            _dot_ok[device] = ok
     return ok
+
+
+def _dot_matches(device: torch.device, had: torch.Tensor) -> bool:
+    from exl3tool.trellis.bitstream import _check_trellis
+
+    g = torch.Generator().manual_seed(54)
+    t = torch.randint(-32768, 32768, (16, 16, 64), dtype=torch.int16, generator=g).to(device)
+    su = (torch.randn(256, generator=g) + 0.1).half().to(device)
+    sv = (torch.randn(256, generator=g) + 0.1).half().to(device)
+    outs = [torch.empty(256, 256, dtype=torch.float16, device=device) for _ in range(2)]
+    rate = _check_trellis(t)
+    try:
+        for out, form in zip(outs, (False, True), strict=True):
+            weight_group([t], [su], [sv], [out], had, "mcg", rate, dot=form)
+        return torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    except Exception:  # any failure of the dot build keeps the loop form
+        return False

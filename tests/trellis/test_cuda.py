@@ -135,6 +135,22 @@ def test_cuda_weight_forms(K, cb):
         assert _same(out, ref), dot
 
 
+def test_cuda_warmup_compiles_the_rates_and_changes_no_bits():
+    """The warm-up compiles each rate's W_eff variant (in parallel where Triton can); the decode
+    after it takes the compiled variant and gives the FMA emulation's bits."""
+    from exl3tool.trellis import _triton_group
+    from exl3tool.trellis.hadamard import hadamard_matrix
+
+    assert _triton_group.warm_weights(torch.device("cuda"), [3, 5]) == [3, 5]
+    warmed = {(v[1].bits, v[3]) for v in _triton_group._launched if v[0].type == "cuda"}
+    dot = _triton_group.dot_matches(torch.device("cuda", 0), hadamard_matrix("cuda"))
+    assert {(3, dot), (5, dot), (4, False)} <= warmed, warmed
+    t = _rand_trellis(384, 640, 5, seed=14)
+    suh, svh = _rand_scales(384, 15).cuda(), _rand_scales(640, 16).cuda()
+    ref = tc.effective_weight(t, suh, svh, "mcg", method="fma")
+    assert _same(tc.effective_weight(t, suh, svh, "mcg", method="kernel"), ref)
+
+
 def test_cuda_grouped_decode_matches_single():
     """One grouped launch over mixed shapes and rates equals one decode per matrix."""
     ts = [_rand_trellis(2048, 512, K, seed=30 + i) for i, K in enumerate((2, 3, 3, 5, 2))]

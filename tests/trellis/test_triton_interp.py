@@ -74,6 +74,23 @@ SCRIPT = textwrap.dedent(
               torch.randn(16 * t.shape[1], generator=g).half()) for t in mix]
     for (t, su, sv), w in zip(items, tc.effective_weights(items, "mcg")):
         assert same(w, tc.effective_weight(t, su, sv, "mcg", method="fma")), "weights"
+    # the warm-up: it launches each rate's variant once and records it as launched; a rate it
+    # cannot build (K 9) ends it without an error
+    from exl3tool.trellis import _triton_group
+    assert not any(v[1].bits == 5 for v in _triton_group._launched)
+    assert _triton_group.warm_weights(torch.device("cpu"), [3, 5, 9, 2]) == [3, 5]
+    warmed = {(v[1].bits, v[2], v[3]) for v in _triton_group._launched}
+    assert {(3, 1, False), (5, 1, False)} <= warmed, warmed
+    # a build whose every config decodes wrongly falls back to the torch path, same bits
+    from exl3tool.trellis import _triton
+    _triton._best.clear()
+    _triton.same_bits = lambda a, b: False
+    for words, cb in ((32, "mcg"), (48, "mul1")):
+        t = torch.randint(-32768, 32768, (8, 16, words), dtype=torch.int16, generator=g)
+        ref = tc.decode_rotated(t, cb, backend="torch")
+        assert same(tc.decode_rotated(t, cb, backend="triton"), ref), (words, cb, "fallback")
+        assert same(tc.decode_rotated_many([t, t.clone()], cb)[1], ref), (words, cb, "group")
+    assert all(v is None for v in _triton._best.values())
     print("ok")
     """
 )
