@@ -176,7 +176,7 @@ _BUFFERS = 4  # CHUNK buffers per copy in flight (RSS bound: _BUFFERS * CHUNK pe
 
 class _Buffers:
     """CHUNK buffers shared by one staging's copies: made on demand (at most workers x
-    (_BUFFERS + 1)) and reused from shard to shard, so the RSS does not depend on the shard count."""
+    (_BUFFERS + 2)) and reused from shard to shard, so the RSS does not depend on the shard count."""
 
     def __init__(self) -> None:
         self._free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
@@ -219,23 +219,32 @@ class _HashAhead(threading.Thread):
     def run(self) -> None:
         try:
             sha, b3 = new_hasher("sha256"), new_hasher("blake3")
-            view = self.pool.get()
+            views = [self.pool.get(), self.pool.get()]
             done = 0
-            # both hashes release the GIL: blake3 runs on a helper beside sha256, the slower
-            # one, so a shard costs one sha256 pass, not the sum (the refusal waits for it)
+            # sha256 is the slower hash and sets the pace: a helper runs blake3 of the same
+            # chunk beside it, then reads the next chunk into the other buffer, so a shard costs
+            # one sha256 pass, not the sum of hashes and reads (the refusal waits for it)
             beside = ThreadPoolExecutor(1, thread_name_prefix="exl3tool-stage-b3")
+
+            def aside(cur: memoryview, n: int, nxt: memoryview, at: int) -> int:
+                b3.update(cur[:n])
+                want = min(CHUNK, self.size - at)
+                return _pread_into(self.fd, nxt[:want], at) if want > 0 else 0
+
             try:
-                while done < self.size and not self.abort.is_set():
-                    n = _pread_into(self.fd, view[: min(CHUNK, self.size - done)], done)
-                    if not n:
-                        break
-                    b3_done = beside.submit(b3.update, view[:n])
-                    sha.update(view[:n])
-                    b3_done.result()
+                n = _pread_into(self.fd, views[0][: min(CHUNK, self.size)], 0) if self.size else 0
+                while n and not self.abort.is_set():
+                    cur, nxt = views
+                    pending = beside.submit(aside, cur, n, nxt, done + n)
+                    sha.update(cur[:n])
+                    n_next = pending.result()
                     done += n
+                    n = n_next
+                    views.reverse()
             finally:
                 beside.shutdown(wait=True)
-                self.pool.put(view)
+                for view in views:
+                    self.pool.put(view)
             digest = sha.hexdigest()
             self._result = (done, digest, b3.hexdigest())
             if self.bad(done, digest):
@@ -467,17 +476,31 @@ def stage_cartridge(
     src = load_cartridge(Path(adapter), findings, links="any")
     if src.entry_file is not None and src.entry_file != spec.ADAPTER_CONFIG:
         raise UsageError("stage-cartridge takes the adapter directory, not a shard file")
-    binfo = load_base_info(
-        Path(base), findings, recompute=True, threads=threads, reuse=reuse_base_identity
+    _fail(findings, "the adapter cannot be staged")
+    assert src.manifest is not None
+    # the base's identity (a hash of its bytes) is computed beside the copy, which does not
+    # depend on it; its findings still come first, and a refused base publishes nothing
+    base_findings = Findings()
+    identity = _Beside(
+        lambda: load_base_info(
+            Path(base), base_findings, recompute=True, threads=threads, reuse=reuse_base_identity
+        )
     )
-    _fail(findings, "the adapter or the base cannot be staged")
-    assert binfo is not None and src.manifest is not None
     world = tp if tp is not None else (src.world_size if src.layout == "rank-sharded" else 1)
     convert = src.layout == "full" and world > 1
     with atomic_dir(out, force=force) as tmp:
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a deployable directory is world-readable
         private = tmp / _COPY_DIR if convert else tmp
-        copied = copy_verified(src, private, findings, threads=threads, progress=progress)
+        copy_findings = Findings()
+        try:
+            copied = copy_verified(src, private, copy_findings, threads=threads, progress=progress)
+        finally:
+            identity.join()  # an error of the copy wins; the base's is raised next
+        binfo = identity.result()
+        findings.extend(base_findings)
+        _fail(findings, "the adapter or the base cannot be staged")
+        assert binfo is not None
+        findings.extend(copy_findings)
         _fail(findings, "copy verification failed")
         copy = load_cartridge(private, findings)
         with family_boundary(findings, CA_CRASH):  # a check's bug: a finding, not a traceback
@@ -517,6 +540,30 @@ def stage_cartridge(
         prove_unchanged(src, binfo, findings)
         _fail(findings, "an input changed while it was staged")
     return StageResult(out, findings, record)
+
+
+class _Beside(threading.Thread):
+    """`fn()` on its own thread, started at once; `result()` waits and returns it, or raises
+    what it raised."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(name="exl3tool-stage-base", daemon=True)
+        self._fn = fn
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as exc:  # raised again by result() in the staging thread
+            self._error = exc
+
+    def result(self) -> Any:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def prove_unchanged(src: Cartridge, base: BaseInfo, findings: Findings) -> None:

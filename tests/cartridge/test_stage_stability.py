@@ -5,6 +5,7 @@ identity the base no longer had) is ST023 and nothing is published."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,12 @@ def test_base_changed_after_its_identity_was_hashed(
     shard = sorted(base.glob("*layer*.safetensors"))[0]
     done: list[str] = []
 
-    def hook(path: str, n: int) -> None:  # during the adapter copy: the identity is hashed
+    def hook(path: str, n: int) -> None:  # during the adapter copy, once the identity is hashed
         if not done:
             done.append(path)
+            for t in threading.enumerate():  # the base's identity is computed beside the copy
+                if t.name == "exl3tool-stage-base":
+                    t.join()
             _rewrite(shard)
 
     monkeypatch.setattr(stage, "copy_hook", hook)
