@@ -284,13 +284,20 @@ def warm_weights(device: torch.device, ks: Sequence[int], codebook: str = "mcg")
     compile runs outside the GIL): the dot-form check's two variants and, speculatively, the dot
     form of each K. Each K is then run once on a 256 x 256 matrix. Any failure stops the warm-up
     silently: the decode then compiles what it needs itself, as without a warm-up."""
+    dev = _indexed(device)
+    if dev.type != "cuda":
+        return _warm(dev, ks, codebook)
+    with torch.cuda.device(dev):  # a new thread's current device is 0, not this rank's
+        return _warm(dev, ks, codebook)
+
+
+def _warm(dev: torch.device, ks: Sequence[int], codebook: str) -> list[int]:
     from exl3tool.trellis.bitstream import rate_from_k
     from exl3tool.trellis.errors import TrellisError
     from exl3tool.trellis.hadamard import hadamard_matrix
 
     done: list[int] = []
     try:
-        dev = _indexed(device)
         had = hadamard_matrix(dev)
         rates = []
         for k in ks:  # up to the first K that is no trellis rate
