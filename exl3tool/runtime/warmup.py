@@ -18,8 +18,8 @@ import torch
 
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef, load_checkpoint
 from exl3tool.rules.registry import Findings
-
-MAX_RATES = 8  # K = 1 .. 8
+from exl3tool.trellis.bitstream import rate_from_words
+from exl3tool.trellis.errors import TrellisError
 
 
 def trellis_rates(refs: Iterable[TensorRef]) -> list[int]:
@@ -32,9 +32,12 @@ def trellis_rates(refs: Iterable[TensorRef]) -> list[int]:
             continue
         if not info.name.rsplit(".", 1)[-1].startswith("trellis"):
             continue
-        words = info.shape[2]
-        if isinstance(words, int) and words % 16 == 0 and 1 <= words // 16 <= MAX_RATES:
-            seen[words // 16] += 1
+        try:
+            rate = rate_from_words(info.shape[2])
+        except (TrellisError, TypeError):
+            continue
+        if not rate.half:  # half-integer K is MUL1 only; the runtime decodes MCG
+            seen[rate.bits] += 1
     return [k for k, _ in seen.most_common()]
 
 

@@ -41,7 +41,7 @@ from exl3tool.identity.engine import new_hasher
 from exl3tool.io.atomic import atomic_dir, remove_stale_temps
 from exl3tool.io.paths import PathViolation, open_inside
 from exl3tool.io.safetensors import FileStamp
-from exl3tool.io.workers import map_threads
+from exl3tool.io.workers import map_threads, run_threads
 from exl3tool.rules import cartridge as ca
 from exl3tool.rules import io as io_rules
 from exl3tool.rules.crash import CA_CRASH
@@ -478,25 +478,32 @@ def stage_cartridge(
         raise UsageError("stage-cartridge takes the adapter directory, not a shard file")
     _fail(findings, "the adapter cannot be staged")
     assert src.manifest is not None
-    # the base's identity (a hash of its bytes) is computed beside the copy, which does not
-    # depend on it; its findings still come first, and a refused base publishes nothing
-    base_findings = Findings()
-    identity = _Beside(
-        lambda: load_base_info(
-            Path(base), base_findings, recompute=True, threads=threads, reuse=reuse_base_identity
-        )
-    )
     world = tp if tp is not None else (src.world_size if src.layout == "rank-sharded" else 1)
     convert = src.layout == "full" and world > 1
     with atomic_dir(out, force=force) as tmp:
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a deployable directory is world-readable
         private = tmp / _COPY_DIR if convert else tmp
-        copy_findings = Findings()
-        try:
-            copied = copy_verified(src, private, copy_findings, threads=threads, progress=progress)
-        finally:
-            identity.join()  # an error of the copy wins; the base's is raised next
-        binfo = identity.result()
+        # the base's identity (a hash of its bytes) is computed beside the copy, which does not
+        # depend on it; its findings still come first, and a refused base publishes nothing
+        base_findings, copy_findings = Findings(), Findings()
+        got: dict[str, Any] = {}
+        run_threads(
+            [
+                lambda: got.update(
+                    base=load_base_info(
+                        Path(base), base_findings, recompute=True, threads=threads,
+                        reuse=reuse_base_identity,
+                    )
+                ),
+                lambda: got.update(
+                    copied=copy_verified(
+                        src, private, copy_findings, threads=threads, progress=progress
+                    )
+                ),
+            ],
+            name="exl3tool-stage",
+        )  # fmt: skip
+        binfo, copied = got["base"], got["copied"]
         findings.extend(base_findings)
         _fail(findings, "the adapter or the base cannot be staged")
         assert binfo is not None
@@ -540,30 +547,6 @@ def stage_cartridge(
         prove_unchanged(src, binfo, findings)
         _fail(findings, "an input changed while it was staged")
     return StageResult(out, findings, record)
-
-
-class _Beside(threading.Thread):
-    """`fn()` on its own thread, started at once; `result()` waits and returns it, or raises
-    what it raised."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(name="exl3tool-stage-base", daemon=True)
-        self._fn = fn
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self._value = self._fn()
-        except BaseException as exc:  # raised again by result() in the staging thread
-            self._error = exc
-
-    def result(self) -> Any:
-        self.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 def prove_unchanged(src: Cartridge, base: BaseInfo, findings: Findings) -> None:

@@ -306,8 +306,9 @@ def _warm(dev: torch.device, ks: Sequence[int], codebook: str) -> list[int]:
             except TrellisError:
                 break
         if dev.type == "cuda":
-            _compile_ahead(dev, had, [(rate_from_k(4), False), (rate_from_k(4), True)]
-                           + [(r, True) for r in rates], codebook)  # fmt: skip
+            check = rate_from_k(DOT_CHECK_K)
+            _compile_ahead(dev, had, [(check, False), (check, True)] + [(r, True) for r in rates],
+                           codebook)  # fmt: skip
         dot = dot_matches(dev, had)
         g = torch.Generator().manual_seed(7)
         for k, rate in zip(ks, rates, strict=False):
@@ -367,6 +368,7 @@ def _compile_ahead(dev: torch.device, had: torch.Tensor, forms: list, codebook: 
 
 
 _dot_ok: dict[torch.device, bool] = {}
+DOT_CHECK_K = 4  # the rate of the matrix on which `dot_matches` compares the two forms
 
 
 def dot_matches(device: torch.device, had: torch.Tensor) -> bool:
@@ -392,7 +394,8 @@ def _dot_matches(device: torch.device, had: torch.Tensor) -> bool:
     from exl3tool.trellis.bitstream import _check_trellis
 
     g = torch.Generator().manual_seed(54)
-    t = torch.randint(-32768, 32768, (16, 16, 64), dtype=torch.int16, generator=g).to(device)
+    shape = (16, 16, 16 * DOT_CHECK_K)
+    t = torch.randint(-32768, 32768, shape, dtype=torch.int16, generator=g).to(device)
     su = (torch.randn(256, generator=g) + 0.1).half().to(device)
     sv = (torch.randn(256, generator=g) + 0.1).half().to(device)
     outs = [torch.empty(256, 256, dtype=torch.float16, device=device) for _ in range(2)]

@@ -36,15 +36,22 @@ def test_base_changed_after_its_identity_was_hashed(
     base, cart = pair
     shard = sorted(base.glob("*layer*.safetensors"))[0]
     done: list[str] = []
+    hashed = threading.Event()  # the base's identity is computed beside the copy
+    load_base_info = stage.load_base_info
+
+    def identity_then_signal(*a, **k):
+        try:
+            return load_base_info(*a, **k)
+        finally:
+            hashed.set()
 
     def hook(path: str, n: int) -> None:  # during the adapter copy, once the identity is hashed
         if not done:
             done.append(path)
-            for t in threading.enumerate():  # the base's identity is computed beside the copy
-                if t.name == "exl3tool-stage-base":
-                    t.join()
+            assert hashed.wait(60)
             _rewrite(shard)
 
+    monkeypatch.setattr(stage, "load_base_info", identity_then_signal)
     monkeypatch.setattr(stage, "copy_hook", hook)
     out = tmp_path / "out"
     with pytest.raises(StageError) as err:
