@@ -131,6 +131,11 @@ def _signals_held() -> Iterator[None]:
     Ctrl-C while they import torch would print a traceback per rank) and take a pending signal
     once `_quiet_signals` runs. This process defers its own (another thread may receive it) and
     raises it again once every rank has its start-up data, so none is lost or half-sent."""
+    from multiprocessing import resource_tracker
+
+    # The first spawn starts multiprocessing's resource tracker, whose start unblocks SIGINT and
+    # SIGTERM in the calling thread: the ranks spawned after it would start unprotected.
+    resource_tracker.ensure_running()
     held = (signal.SIGINT, signal.SIGTERM)
     main = threading.current_thread() is threading.main_thread()
     caught: list[int] = []
