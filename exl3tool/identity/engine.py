@@ -5,20 +5,18 @@ of one-hasher-per-tensor workers scales with cores; a blake3 hasher is never sha
 threads. Tensors too large to balance across the pool get a multi-threaded blake3 hasher.
 
 A file held under a read lease (io/lease: nobody can write or truncate it while it is held) is
-hashed straight from short-lived mappings of at most MAP_WINDOW bytes, the lease checked
-before each; a broken lease (a writer or a truncate waits) stops every read of the file and is
+hashed straight from one mapping of the whole file, the lease checked before every
+MAP_WINDOW bytes and each range's pages dropped once hashed; a broken lease (a writer or a truncate waits) stops every read of the file and is
 `InputChanged`. Any other file is read with pread into reusable buffers (a file truncated
 under an unguarded mapping kills the process with SIGBUS); small tensors of a file are read
 together, one pread per READ bytes. Either way resident memory stays near `threads x` one
-window. Every file is stamped at open and verified unchanged after hashing (issue 15): a file
+batch or window. Every file is stamped at open and verified unchanged after hashing (issue 15): a file
 that shrank, changed or was replaced by a rename is `InputChanged` (exit 3), never a digest.
 The algorithms in MAPPED use leases; EXL3TOOL_NO_LEASE=1 reads every file with pread.
 """
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
 import threading
 from collections.abc import Hashable, Iterable, Iterator, Sequence
@@ -42,11 +40,10 @@ SMALL = READ // 2  # one-segment jobs up to this size are read together, READ by
 MT_MIN = 32 << 20  # smallest job worth a multi-threaded blake3 hasher
 MT_READ = 16 << 20  # bytes per pread (and update) of a multi-threaded blake3 hasher
 DROP_EVERY = 32 << 20  # bytes a worker hashes between progress updates
-# A leased file is hashed from mappings of at most MAP_WINDOW bytes (the lease is checked
-# before each); its jobs of up to half a batch are batched, one mapping per batch of at most
-# MAP_BATCH bytes and MAP_RESIDENT / threads (resident memory: the pages mapped at once).
-# A mapping per job (2-core VM, 786 KB tensors) serialised both threads' page faults behind
-# the munmaps; 32 MB batches hash the GLM mix 8 % faster than 8 MB ones.
+# A leased file is hashed from its whole-file mapping (the lease is checked every MAP_WINDOW
+# bytes); its jobs of up to half a batch are batched, one batch of at most MAP_BATCH bytes and
+# MAP_RESIDENT / threads (resident memory: the pages not yet dropped), its pages dropped once
+# hashed. 32 MB batches hash the GLM mix 8 % faster than 8 MB ones (2-core VM).
 MAP_WINDOW = 8 << 20
 MAP_BATCH = 32 << 20
 MAP_RESIDENT = 128 << 20
@@ -310,15 +307,10 @@ class _Stopped(Exception):
     """Another worker failed: this one stops at its next window."""
 
 
-def _unmap(mm: mmap.mmap) -> None:
-    with contextlib.suppress(BufferError):  # a view outlived an error: unmapped when freed
-        mm.close()
-
-
 class _Worker:
-    """One thread's reads: reusable pread buffers, or short-lived mappings of a leased file
-    whose lease is checked before each; resident memory stays near one READ buffer or one
-    window per file read at once."""
+    """One thread's reads: reusable pread buffers, or ranges of a leased file's mapping whose
+    lease is checked before each and whose pages are dropped after; resident memory stays near
+    one READ buffer or one window per file read at once."""
 
     def __init__(
         self,
@@ -348,11 +340,10 @@ class _Worker:
             self._hash_batch(memoryview(b""), b.lo, b, out)
         elif type(f) is _Leased:
             f.check()
-            mm, at = f.window(b.lo, b.hi)
             try:
-                self._hash_batch(memoryview(mm), b.lo - at, b, out, f.check)
+                self._hash_batch(f.whole(), 0, b, out, f.check)
             finally:
-                _unmap(mm)
+                f.drop(b.lo, b.hi)
         else:
             buf = self._buffer(READ)
             try:
@@ -392,15 +383,14 @@ class _Worker:
     def job(self, segments: Sequence[Segment], hasher_threads: int) -> str:
         """Segments hashed in order through one window per file: rank slices interleave rows
         of several files, and each file is read one window at a time, not row by row. A
-        leased file's window is a mapping; its lease is checked when the window is mapped and
-        again after every MAP_WINDOW bytes the job hashed since."""
+        leased file's window is a range of its mapping; its lease is checked when the window
+        moves and again after every MAP_WINDOW bytes the job hashed since."""
         limit = self._limits(segments)
         size = READ if hasher_threads == 1 else MT_READ
         span = MAP_WINDOW if hasher_threads == 1 else MT_READ
         h = new_hasher(self.algo, hasher_threads)
         bufs: dict[Path, bytearray] = {}
         wins: dict[Path, tuple[int, int, memoryview, int]] = {}  # lo, hi, view, checked at
-        maps: dict[Path, mmap.mmap] = {}
         done = 0  # bytes this job hashed so far
         try:
             for path, start, end in segments:
@@ -412,14 +402,11 @@ class _Worker:
                         if self.stop:
                             raise _Stopped
                         if type(f) is _Leased:
-                            lo, hi = pos, min(limit[path], pos + span)
                             view.release()
-                            if path in maps:
-                                _unmap(maps.pop(path))
+                            f.drop(lo, hi)  # the previous window's pages
+                            lo, hi = pos, min(limit[path], pos + span)
                             f.check()
-                            mm, at = f.window(lo, hi)
-                            maps[path] = mm
-                            view = memoryview(mm)[at:]
+                            view = f.whole()[lo:hi]
                         else:
                             lo, hi = pos, min(limit[path], pos + size)
                             buf = bufs.get(path) or bufs.setdefault(path, self._buffer(size))
@@ -435,11 +422,12 @@ class _Worker:
                     done += take - pos
                     pos = take
         finally:
-            for _, _, view, _ in wins.values():
+            for path, (lo, hi, view, _) in wins.items():
                 view.release()
+                f = self.files[path]
+                if type(f) is _Leased:
+                    f.drop(lo, hi)
             wins.clear()
-            for mm in maps.values():
-                _unmap(mm)
             if size == READ:
                 self._free += bufs.values()
         return h.hexdigest()
@@ -458,7 +446,7 @@ def hash_segments(
     """Hex digest per job of the concatenation of its segments, jobs hashed in parallel.
 
     Small one-segment jobs of a file are read together (one pread per READ bytes or one
-    mapping per batch of a leased file, then one hasher per slice); a blake3 job larger than
+    range of a leased file's mapping per batch, then one hasher per slice); a blake3 job larger than
     half its fair share of the work gets a hasher
     with `threads` threads of its own. `expected`: the stamp each file had when its header was
     read; a file that differs at open, or whose open file or path differs after hashing, is

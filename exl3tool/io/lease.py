@@ -1,4 +1,4 @@
-"""A file held under a Linux read lease, read through short-lived read-only mappings.
+"""A file held under a Linux read lease, read through one read-only mapping of the whole file.
 
 `fcntl(F_SETLEASE, F_RDLCK)` on a read-only descriptor succeeds only while nobody has the file
 open for writing. While it is held, another process's open for writing, `O_TRUNC` or
@@ -6,6 +6,11 @@ open for writing. While it is held, another process's open for writing, `O_TRUNC
 lease shows as breaking. So a mapping of a leased file cannot lose its pages (the SIGBUS of
 issue 15) as long as its reader calls `intact()` before each few MB it touches and, once that
 is False, touches no mapping of the file again before `close()` (which lets the writer go on).
+
+The file is mapped once (`whole`) and its readers drop the pages they are done with (`drop`:
+madvise MADV_DONTNEED), so resident memory stays near the bytes being hashed. A mapping per
+window instead serialises every thread's page faults behind each mmap and munmap (both take
+the process's address-space lock for writing); dropping pages takes it for reading only.
 
 The break is noticed by polling F_GETLEASE, not through its signal: the signal is set to
 SIGURG, which is ignored by default, so no handler (Python runs them in the main thread only)
@@ -28,6 +33,7 @@ import os
 import signal
 import stat
 import sys
+import threading
 from pathlib import Path
 
 from exl3tool.io.safetensors import FileStamp
@@ -87,7 +93,7 @@ def _refusal(fd: int, st: os.stat_result) -> str | None:
 
 class LeasedMap:
     """An open regular file under a read lease: `stamp` and `size` cannot change while
-    `intact()` is True; `window` maps byte ranges read-only. Raises LeaseRefused (or OSError
+    `intact()` is True; `whole` maps it read-only. Raises LeaseRefused (or OSError
     from open) when it cannot be held; `close()` releases the lease."""
 
     def __init__(self, path: Path) -> None:
@@ -112,6 +118,9 @@ class LeasedMap:
             self._fd = None
             raise
         self.size = self.stamp.size
+        self._map: mmap.mmap | None = None
+        self._whole: memoryview | None = None
+        self._whole_lock = threading.Lock()
 
     def _fileno(self) -> int:
         if self._fd is None:
@@ -128,14 +137,28 @@ class LeasedMap:
         except OSError:
             return False
 
-    def window(self, start: int, end: int) -> tuple[mmap.mmap, int]:
-        """A read-only mapping from the page holding `start` to `end`, and where `start` lies
-        in it; close it when done (its pages then leave this process's resident memory)."""
-        if not 0 <= start < end <= self.size:
-            raise ValueError(f"{self.path}: window [{start}, {end}) outside {self.size} bytes")
-        lo = start - start % mmap.ALLOCATIONGRANULARITY
-        mm = mmap.mmap(self._fileno(), end - lo, mmap.MAP_SHARED, mmap.PROT_READ, offset=lo)
-        return mm, start - lo
+    def whole(self) -> memoryview:
+        """A read-only view of the whole file, mapped once for every reader (thread-safe);
+        `drop` the pages of each range once read. Valid until `close()`."""
+        view = self._whole
+        if view is None:
+            with self._whole_lock:
+                view = self._whole
+                if view is None:
+                    self._map = mmap.mmap(
+                        self._fileno(), self.size, mmap.MAP_SHARED, mmap.PROT_READ
+                    )
+                    view = self._whole = memoryview(self._map)
+        return view
+
+    def drop(self, start: int, end: int) -> None:
+        """Drop the pages of [start, end) of `whole` from this process's resident memory (the
+        page cache keeps them; a later read faults them in again)."""
+        if self._map is None or end <= start:
+            return
+        lo = start - start % mmap.PAGESIZE
+        hi = min(end + (-end % mmap.PAGESIZE), self.size + (-self.size % mmap.PAGESIZE))
+        self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def fstat(self) -> FileStamp:
         return FileStamp.of(os.fstat(self._fileno()))
@@ -143,6 +166,13 @@ class LeasedMap:
     def close(self) -> None:
         """Release the lease (a waiting writer goes on) and the file; every window of it must
         be closed, and none touched after a failed `intact()`, before this."""
+        if self._whole is not None:
+            self._whole.release()
+            self._whole = None
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # a view outlived an error: unmapped when freed
+                self._map.close()
+            self._map = None
         if self._fd is not None:
             import fcntl
 

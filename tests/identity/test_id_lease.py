@@ -230,3 +230,39 @@ def test_the_harness_sees_sigbus(tmp_path: Path) -> None:
     )
     r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, timeout=60)
     assert r.returncode == -signal.SIGBUS
+
+
+def _resident_kb(path: Path) -> int:
+    """Resident kB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+            inside = len(head) >= 6 and head[5] == str(path)
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+def test_the_whole_mapping_drops_the_pages_it_was_done_with(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    data = os.urandom(8 << 20)
+    p.write_bytes(data)
+    try:
+        m = LeasedMap(p)
+    except LeaseRefused:
+        pytest.skip("no read lease on this file system: the engine reads with pread")
+    try:
+        view = m.whole()
+        assert m.whole() is view  # mapped once for every reader
+        assert blake3.blake3(view).digest() == blake3.blake3(data).digest()
+        assert _resident_kb(p) >= 7 << 10
+        m.drop(4096 + 1, 6 << 20)  # from inside the second page
+        assert 1 << 10 < _resident_kb(p) < 3 << 10
+        m.drop(0, 8 << 20)
+        assert _resident_kb(p) == 0
+        assert bytes(view[5 << 20 : (5 << 20) + 64]) == data[5 << 20 : (5 << 20) + 64]  # read again
+    finally:
+        view.release()
+        m.close()
+    assert _resident_kb(p) == 0  # unmapped
