@@ -334,9 +334,11 @@ def _indexed(device: torch.device) -> torch.device:
 
 def _compile_ahead(dev: torch.device, had: torch.Tensor, forms: list, codebook: str) -> None:
     """Compile the W_eff variants (rate, dot form) of a 256 x 256 launch in parallel, each under
-    its variant lock; a variant already compiled or being compiled elsewhere is skipped. Without
-    `triton.AsyncCompileMode` (older Triton) nothing is compiled here."""
-    from concurrent.futures import ThreadPoolExecutor
+    its variant lock, released as soon as that variant is ready (a decode waits for its own
+    variant only, not for the whole batch); a variant already compiled or being compiled
+    elsewhere is skipped. Without `triton.AsyncCompileMode` (older Triton) nothing is compiled
+    here."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     mode = getattr(triton, "AsyncCompileMode", None)
     if mode is None:
@@ -354,12 +356,23 @@ def _compile_ahead(dev: torch.device, had: torch.Tensor, forms: list, codebook: 
         if not held:
             return
         with ThreadPoolExecutor(len(held)) as pool, mode(pool):
-            for (_, rate, _, dot, _), _ in held:
-                _group_weight_kernel.warmup(
+            pending = {}
+            for variant, lock in held:
+                _, rate, _, dot, _ = variant
+                compiled = _group_weight_kernel.warmup(
                     table, had, 0, 0, 256, 16,
                     WD=rate.words, KB=rate.bits, HALF=rate.half, CB=cb, EMU=False, DOT=dot,
                     num_warps=WEIGHT_WARPS, grid=(1, 1, 1),
                 )  # fmt: skip
+                future = getattr(compiled, "future", None)
+                if future is not None:
+                    pending[future] = (variant, lock, compiled)
+            for future in as_completed(pending):
+                variant, lock, compiled = pending[future]
+                compiled.result()  # into the kernel cache: a launch now finds it compiled
+                _launched.add(variant)
+                held.remove((variant, lock))
+                lock.release()
         for variant, _ in held:
             _launched.add(variant)
     finally:
