@@ -266,3 +266,49 @@ def test_the_whole_mapping_drops_the_pages_it_was_done_with(tmp_path: Path) -> N
         view.release()
         m.close()
     assert _resident_kb(p) == 0  # unmapped
+
+
+def test_a_mapped_batch_drops_its_pages_as_it_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One 16 MB batch of a leased shard: the pages a worker hashed are dropped every
+    MAP_RESIDENT / threads bytes, not only when the batch ends (resident memory stays near
+    MAP_RESIDENT whatever the batch size), and every digest is still right."""
+    p = tmp_path / "m.safetensors"
+    rng = np.random.default_rng(11)
+    write_shard(
+        p, {f"t{i:02d}": rng.integers(0, 255, 256 << 10, dtype=np.uint8) for i in range(64)}
+    )
+    try:
+        LeasedMap(p).close()
+    except LeaseRefused:
+        pytest.skip("no read lease on this file system: the engine reads with pread")
+    monkeypatch.delenv("EXL3TOOL_NO_LEASE", raising=False)
+    monkeypatch.setattr(engine, "MAP_WINDOW", 1 << 20)
+    monkeypatch.setattr(engine, "MAP_RESIDENT", 1 << 20)
+    resident: list[int] = []
+
+    def ctor(data: object) -> object:
+        resident.append(_resident_kb(p))
+        return blake3.blake3(data)
+
+    monkeypatch.setattr(engine, "_constructor", lambda algo: ctor)
+    batches: list[int] = []
+    batch = engine._Worker.batch
+
+    def counted(self: engine._Worker, b: engine._Batch, out: list[object]) -> None:
+        batches.append(len(b.jobs))
+        batch(self, b, out)
+
+    monkeypatch.setattr(engine._Worker, "batch", counted)
+    st = read_header(p, Findings())
+    assert st is not None
+    got = hash_tensors(((n, st, t) for n, t in st.tensors.items()), "blake3", threads=1)
+    assert batches == [64]  # one mapped batch (MAP_BATCH), however small MAP_RESIDENT is
+    raw = p.read_bytes()
+    assert got == {
+        n: blake3.blake3(raw[st.data_start + t.begin : st.data_start + t.end]).hexdigest()
+        for n, t in st.tensors.items()
+    }
+    assert len(resident) == 64 and max(resident) >= 512  # the batch was hashed mapped
+    assert max(resident) < 4 << 10, resident  # 1 MB between drops, plus a tensor and a window
