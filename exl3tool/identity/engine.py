@@ -45,13 +45,14 @@ DROP_EVERY = 32 << 20  # bytes a worker hashes between progress updates
 # A leased file is hashed from its whole-file mapping (the lease is checked every MAP_WINDOW
 # bytes); its jobs of up to half a batch are batched, MAP_BATCH bytes a batch whatever the
 # number of threads, and each worker drops the pages it hashed every MAP_RESIDENT / threads
-# bytes (at least MAP_WINDOW), so resident memory stays near MAP_RESIDENT. 16-core host, 12 GB
-# GLM mix: 32 MB batches hash in 0.21 s where 8 MB ones (a batch per drop) took 0.29-0.33 s
-# (2881 units instead of 961; a drop's TLB shootdown stalls every thread); on 2 cores, 32 MB
-# batches hash the GLM mix 8 % faster than 8 MB ones.
+# bytes (at least DROP_MIN): resident memory stays near MAP_RESIDENT plus a tensor a thread.
+# 16-core host, 12 GB GLM mix: 391 units of 32 MB hash in 0.23-0.26 s where 2881 (8 MB
+# batches, a drop each) took 0.29-0.33 s; each drop's TLB shootdown stalls every thread. On
+# 2 cores 32 MB batches hash the GLM mix 8 % faster than 8 MB ones.
 MAP_WINDOW = 8 << 20
 MAP_BATCH = 32 << 20
 MAP_RESIDENT = 128 << 20
+DROP_MIN = 2 << 20  # the least a worker hashes between drops (each stalls every thread)
 # Hashes read from mappings where a lease allows: the pread copy costs more than the mapping's
 # page faults for both (2-core VM, 4.2 GB GLM mix: sha256 1.68 s mapped vs 1.98 s with pread,
 # system time 0.11 vs 0.52 s; an earlier VM had measured the other way for sha256).
@@ -219,7 +220,7 @@ class _Job(NamedTuple):
 
 def _drop_span(threads: int) -> int:
     """Bytes a worker of a pool of `threads` hashes from a mapping between page drops."""
-    return max(MAP_RESIDENT // max(1, threads), MAP_WINDOW)
+    return max(MAP_RESIDENT // max(1, threads), DROP_MIN)
 
 
 def _batches(
@@ -366,6 +367,7 @@ class _Worker:
         job_mask = (1 << _JOB_BITS) - 1
         ctor = self.ctor
         due = b.lo + MAP_WINDOW if leased is not None else 1 << 62
+        span = self.drop_span if leased is not None else 1 << 62
         kept = b.lo  # the pages of [kept, ...) were not dropped yet
         try:
             for k in b.jobs:
@@ -373,9 +375,9 @@ class _Worker:
                 if at >= due and leased is not None:  # due is finite only for a leased file
                     leased.check()
                     due = at + MAP_WINDOW
-                    if at - kept >= self.drop_span:
-                        leased.drop(kept, at)
-                        kept = at
+                if at - kept >= span and leased is not None:
+                    leased.drop(kept, at)
+                    kept = at
                 at -= lo
                 out[k & job_mask] = ctor(view[at : at + ((k >> _SIZE_SHIFT) & mask)]).hexdigest()
         finally:

@@ -47,6 +47,9 @@ LOCAL_FS = {
     0x2FC12FC1: "zfs",
     0x01021994: "tmpfs",
 }
+# The kernel's fault_around_bytes (64 KiB by default): a read fault maps the cached pages of
+# the aligned block around it.
+FAULT_AROUND = max(64 << 10, mmap.PAGESIZE)
 MIN_BREAK_S = 5  # a reader checks `intact()` every few MB: well within this even when loaded
 _F_SETSIG, _F_SETLEASE, _F_GETLEASE = 10, 1024, 1025  # linux/fcntl.h
 _BREAK_TIME = Path("/proc/sys/fs/lease-break-time")
@@ -153,11 +156,14 @@ class LeasedMap:
 
     def drop(self, start: int, end: int) -> None:
         """Drop the pages of [start, end) of `whole` from this process's resident memory (the
-        page cache keeps them; a later read faults them in again)."""
+        page cache keeps them; a later read faults them in again). The range is widened to
+        whole FAULT_AROUND blocks: a fault maps the cached pages of its block beside the one
+        it asked for, so a page-aligned drop would leave a block edge resident per range
+        (resident memory that grew with the file's size)."""
         if self._map is None or end <= start:
             return
-        lo = start - start % mmap.PAGESIZE
-        hi = min(end + (-end % mmap.PAGESIZE), self.size + (-self.size % mmap.PAGESIZE))
+        lo = start - start % FAULT_AROUND
+        hi = min(end + (-end % FAULT_AROUND), self.size + (-self.size % mmap.PAGESIZE))
         self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def fstat(self) -> FileStamp:
