@@ -119,6 +119,56 @@ def _may_have_issues(value: Any) -> bool:
         depth += 1
 
 
+_PLAIN_CONTAINERS = frozenset((dict, list))
+_UNSURE = object()  # `_plain_loads`: the strict decoder decides
+
+
+def _plainly_clean(value: Any, quotes: int) -> bool:
+    """Whether a value that plain `json.loads` parsed from a text without backslashes is the
+    whole text (no member dropped as a duplicate) and has nothing `_walk` would report.
+
+    Without backslashes every `"` of the text delimits a string, so the text holds
+    quotes / 2 strings; a duplicate member's key string is missing from the value. One pass
+    per nesting level, type tests in C. The strict decoder's hook runs once per object: an R7
+    layer manifest (thousands of small objects) parses in 3.7 ms this way, 4.5 ms with it."""
+    strings = 0
+    level: list[Any] = [[value]]  # a scalar document is checked as the wrapper's one value
+    depth = -1
+    while level:
+        if depth >= MAX_DEPTH:
+            return False
+        objects = [c for c in level if type(c) is dict]
+        strings += sum(map(len, objects))
+        lists = (c for c in level if type(c) is list)
+        values = list(chain(chain.from_iterable(map(dict.values, objects)), *lists))
+        types = list(map(type, values))
+        present = set(types)
+        strings += types.count(str)
+        if int in present:
+            ints = list(compress(values, map(_INTS.__contains__, types)))
+            if max(ints) > MAX_INT or min(ints) < -MAX_INT:
+                return False
+        if float in present and not math.isfinite(
+            sum(compress(values, map(_FLOATS.__contains__, types)))
+        ):
+            return False
+        level = list(compress(values, map(_PLAIN_CONTAINERS.__contains__, types)))
+        depth += 1
+    return quotes == 2 * strings
+
+
+def _plain_loads(text: str) -> Any:
+    """The value of `text` when plain `json.loads` gives exactly what the strict decoder
+    would, with no issue (the usual document); `_UNSURE` otherwise (the caller decides)."""
+    if "\\" in text:  # an escape may hide a quote or a surrogate: the strict path decides
+        return _UNSURE
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return _UNSURE
+    return value if _plainly_clean(value, text.count('"')) else _UNSURE
+
+
 def _lone_surrogate_in(value: Any) -> bool:
     stack = [value]  # iterative: the parser accepts nesting deeper than our recursion budget
     while stack:
@@ -161,6 +211,9 @@ def loads(text: str | bytes) -> tuple[Any, list[JsonIssue]]:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             return None, [JsonIssue("encoding", "", f"invalid UTF-8 at byte {exc.start}")]
+    value = _plain_loads(text)
+    if value is not _UNSURE:
+        return value, []
     try:
         value = DECODER.decode(text)
     except json.JSONDecodeError as exc:

@@ -238,3 +238,43 @@ def test_screened_loads_reports_what_the_full_walk_reports(text: str) -> None:
 )
 def test_screen_edges(text: str) -> None:
     assert [(i.kind, i.pointer, i.message) for i in loads(text)[1]] == _walked(text)
+
+
+def _strict_only(text: str) -> tuple[object, list[tuple[str, str, str]]]:
+    value = strict_json.DECODER.decode(text)
+    issues = [(i.kind, i.pointer, i.message) for i in strict_json.walk_issues(value)]
+    return repr(strict_json.plain(value)), issues  # repr: NaN equals itself
+
+
+@st.composite
+def _quoted_documents(draw: st.DrawFn) -> str:
+    """`_documents` with strings that hold quotes, colons and escapes in keys and values."""
+    text = draw(_documents())
+    extra = draw(st.sampled_from(['"a\\":b"', '"x\\": 1, \\"x"', '"k:v"', '"\\u0041"', '"é"']))
+    key = draw(st.sampled_from(['"a"', '"a\\""', '"q:"', '"\\u0061"']))
+    return draw(st.sampled_from([text, f"[{text}, {extra}]", f"{{{key}: {text}, {key}: {extra}}}",
+                                 f'{{{key}: {extra}, "z": {text}}}']))  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_quoted_documents())
+def test_the_plain_path_gives_the_strict_decoders_value_and_issues(text: str) -> None:
+    """`loads` may take plain `json.loads` (no hook) for a clean document: its value and issues
+    are those of the strict decoder's full walk, duplicates hidden behind escapes included."""
+    value, issues = loads(text)
+    assert (repr(value), [(i.kind, i.pointer, i.message) for i in issues]) == (
+        _strict_only(text)
+    ), text
+
+
+def test_a_duplicate_after_an_escaped_quote_is_found() -> None:
+    text = '{"a\\"": 1, "b": "x\\"y", "a\\"": 2}'
+    assert [(i.kind, i.pointer) for i in loads(text)[1]] == [("duplicate", '/a"')]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"a": 1, "a": 1}', '[{"k": "v", "k": "v"}]', '{"x": {"y": [1, {"z": "", "z": ""}]}}'],
+)
+def test_plain_duplicates_are_found(text: str) -> None:
+    assert [i.kind for i in loads(text)[1]] == ["duplicate"]
