@@ -84,6 +84,19 @@ _FLOATS = frozenset((float,))
 _duplicates = attrgetter("duplicates")
 
 
+def _numbers_clean(values: list[Any], types: list[type], present: set[type]) -> bool:
+    """No integer beyond 64 bits and no NaN/Infinity among one level's `values` (`types`
+    their types, `present` the set of them). NaN or Inf makes the sum non-finite; an
+    overflowing sum of finite floats only costs the caller a walk."""
+    if int in present:
+        ints = list(compress(values, map(_INTS.__contains__, types)))
+        if max(ints) > MAX_INT or min(ints) < -MAX_INT:
+            return False
+    return float not in present or math.isfinite(
+        sum(compress(values, map(_FLOATS.__contains__, types)))
+    )
+
+
 def _may_have_issues(value: Any) -> bool:
     """False only when `_walk` would find nothing in a value parsed by DECODER: no duplicate
     key, no non-finite float, no integer beyond 64 bits, no container at depth MAX_DEPTH (or
@@ -103,15 +116,7 @@ def _may_have_issues(value: Any) -> bool:
         values = list(chain(chain.from_iterable(map(dict.values, objects)), *lists))
         types = list(map(type, values))
         present = set(types)
-        if int in present:
-            ints = list(compress(values, map(_INTS.__contains__, types)))
-            if max(ints) > MAX_INT or min(ints) < -MAX_INT:
-                return True
-        # NaN or Inf makes the sum non-finite (an overflowing sum of finite floats only costs
-        # a walk)
-        if float in present and not math.isfinite(
-            sum(compress(values, map(_FLOATS.__contains__, types)))
-        ):
+        if not _numbers_clean(values, types, present):
             return True
         if present.isdisjoint(_CONTAINERS):
             return False
@@ -142,15 +147,8 @@ def _plainly_clean(value: Any, quotes: int) -> bool:
         lists = (c for c in level if type(c) is list)
         values = list(chain(chain.from_iterable(map(dict.values, objects)), *lists))
         types = list(map(type, values))
-        present = set(types)
         strings += types.count(str)
-        if int in present:
-            ints = list(compress(values, map(_INTS.__contains__, types)))
-            if max(ints) > MAX_INT or min(ints) < -MAX_INT:
-                return False
-        if float in present and not math.isfinite(
-            sum(compress(values, map(_FLOATS.__contains__, types)))
-        ):
+        if not _numbers_clean(values, types, set(types)):
             return False
         level = list(compress(values, map(_PLAIN_CONTAINERS.__contains__, types)))
         depth += 1
