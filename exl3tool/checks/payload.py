@@ -13,11 +13,13 @@ import stat
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from exl3tool.formats.checkpoint import TensorRef
-from exl3tool.io.safetensors import MAX_HEADER, FileStamp, SafetensorsFile, TensorInfo
+from exl3tool.io.safetensors import MAX_HEADER, FileStamp, SafetensorsFile
 from exl3tool.io.views import TensorReader
 from exl3tool.rules.registry import Findings
 
@@ -27,6 +29,7 @@ from exl3tool.rules.registry import Findings
 NUMPY_MIN_BYTES = 32 << 20
 
 _I32 = struct.Struct("<i")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 class RandomAccessReader(TensorReader):
@@ -58,12 +61,18 @@ def read_scalar_i32(reader: TensorReader, ref: TensorRef) -> int | None:
 
 
 def _by_shard(items: list[tuple[TensorRef, Any]]) -> dict[Path, list[tuple[TensorRef, Any]]]:
+    """`items` grouped by their shard's path, each group in order (runs of one shard object are
+    found by identity, in C: the checks defer a shard's items together)."""
     out: dict[Path, list[tuple[TensorRef, Any]]] = {}
-    for item in items:
-        group = out.get(item[0].shard.path)
+    shards = list(map(_FIRST, map(_FIRST, items)))
+    at = 0
+    for _, run in groupby(map(id, shards)):
+        n = len(list(run))
+        group = out.get(shards[at].path)
         if group is None:
-            group = out[item[0].shard.path] = []
-        group.append(item)
+            group = out[shards[at].path] = []
+        group.extend(items[at : at + n])
+        at += n
     return out
 
 
@@ -100,9 +109,6 @@ class FiniteCheck:
         if info.dtype in _EXPONENT_BITS and info.nbytes and end_ok:
             self.items.append((ref, None))
 
-    def nbytes(self) -> int:
-        return sum(r.info.nbytes for r, _ in self.items)
-
 
 # A vector read ahead by the worker (`read_facts`) at most this size, and at most this many
 # vector bytes in all (GLM-5.2: 236 MB; a header may list any number of overlapping ones);
@@ -114,11 +120,12 @@ FACTS_MAX_TOTAL = 512 << 20
 @dataclass(frozen=True)
 class ShardFacts:
     """The bytes `run_deferred` would read from one shard, read ahead by a worker: the int32
-    value of every 4-byte tensor, and which F16/F32 vectors hold a NaN/Inf word. Spans are
-    absolute file offsets; they are used only while the shard's stamp is unchanged."""
+    value at the begin of every 4-byte span, and which F16/F32 vectors hold a NaN/Inf word.
+    Offsets are relative to the data section, so they hold only while the shard's stamp (its
+    header with it) is unchanged; vectors are keyed (begin, end, dtype)."""
 
     stamp: FileStamp
-    values: dict[tuple[int, int], int]
+    values: dict[int, int]
     scanned: frozenset[tuple[int, int, str]]
     failed: frozenset[tuple[int, int, str]]
 
@@ -130,11 +137,26 @@ class ShardFacts:
 _SPAN = re.compile(
     rb'"dtype":"(I32|F16|F32)","shape":\[[0-9,]*\],"data_offsets":\[([0-9]{1,15}),([0-9]{1,15})\]'
 )
+_FACT_DTYPES = {b"I32": "I32", b"F16": "F16", b"F32": "F32"}
 
 
-def fact_reads(path: Path, label: str) -> tuple[SafetensorsFile, MarkerCheck, FiniteCheck] | None:
-    """What `read_facts` reads of the shard at `path`: every 4-byte I32 tensor and every F16/F32
-    vector of at most FACTS_MAX_VECTOR bytes its header lists (None when it is not plain)."""
+@dataclass(frozen=True)
+class FactReads:
+    """What `read_facts` reads of one shard: spans [begin, end) relative to its data section,
+    in header order, and each one's dtype. A 4-byte span is read as a marker, an F16/F32 one
+    is scanned (a 4-byte F32 span is both, as the checks may defer it as either)."""
+
+    shard: SafetensorsFile
+    spans: list[tuple[int, int]]
+    dtypes: list[str]
+
+    def vector_bytes(self) -> int:
+        return sum(e - b for (b, e), d in zip(self.spans, self.dtypes, strict=True) if d != "I32")
+
+
+def fact_reads(path: Path, label: str) -> FactReads | None:
+    """Every 4-byte tensor and every F16/F32 vector of at most FACTS_MAX_VECTOR bytes the header
+    of the shard at `path` lists (None when it is not plain)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     with open(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
@@ -146,53 +168,40 @@ def fact_reads(path: Path, label: str) -> tuple[SafetensorsFile, MarkerCheck, Fi
             return None
         raw = fh.read(n)
     shard = SafetensorsFile(path, label, st.st_size, n, FileStamp.of(st))
-    markers, finite = MarkerCheck(), FiniteCheck()
-    # what MarkerCheck.add and FiniteCheck.add keep, inline (57,600 spans per GLM-5.2 shard)
-    m_items, f_items, room = markers.items, finite.items, st.st_size - shard.data_start
-    new, info, ref = tuple.__new__, TensorInfo, TensorRef
+    room = st.st_size - shard.data_start
+    spans: list[tuple[int, int]] = []
+    dtypes: list[str] = []
     for dtype, begin, end in _SPAN.findall(raw):
         b, e = int(begin), int(end)
-        if 0 < e - b <= FACTS_MAX_VECTOR and e <= room:  # not the trellis, inside the file
-            r = new(ref, (shard, new(info, ("", _FACT_DTYPES[dtype], (), b, e))))
-            if e - b == 4:
-                m_items.append((r, 0))
-            if dtype != b"I32":
-                f_items.append((r, None))
-    return shard, markers, finite
+        # not the trellis, inside the file; a marker or a vector
+        if 0 < e - b <= FACTS_MAX_VECTOR and e <= room and (e - b == 4 or dtype != b"I32"):
+            spans.append((b, e))
+            dtypes.append(_FACT_DTYPES[dtype])
+    return FactReads(shard, spans, dtypes)
 
 
-_FACT_DTYPES = {b"I32": "I32", b"F16": "F16", b"F32": "F32"}
-
-
-def read_facts(
-    st: SafetensorsFile,
-    markers: MarkerCheck,
-    finite: FiniteCheck,
-    reader: TensorReader,
-    numpy: bool,
-) -> ShardFacts:
-    """The facts of the reads `fact_reads` planned for `st`, read as `run_deferred` reads them
-    (one gather, the same scans; `numpy`: which of the two, whose results are the same)."""
-    m_items, f_items = markers.items, finite.items
-    base = st.data_start
-    values: dict[tuple[int, int], int] = {}
-    scanned: frozenset[tuple[int, int, str]] = frozenset()
-    failed: list[TensorRef] = []
-    if m_items or f_items:
-        items = m_items + f_items
-        data, pos = reader.gather(st, [(r.info.begin, r.info.end) for r, _ in items])
+def read_facts(reads: FactReads, reader: TensorReader, numpy: bool) -> ShardFacts:
+    """The facts of `reads`, read as `run_deferred` reads them (one gather, the same scans;
+    `numpy`: which of the two, whose results are the same)."""
+    spans, dtypes = reads.spans, reads.dtypes
+    values: dict[int, int] = {}
+    keys: list[tuple[int, int, str]] = []
+    bad: list[int] = []
+    if spans:
+        data, pos = reader.gather(reads.shard, spans)
         unpack = _I32.unpack_from
-        for (ref, _), p in zip(m_items, pos, strict=False):
-            values[(base + ref.info.begin, base + ref.info.end)] = unpack(data, p)[0]
-        placed = list(zip((r for r, _ in f_items), pos[len(m_items) :], strict=True))
-        failed = (_scan_numpy if numpy else _scan_ints)(data, placed)
-        scanned = frozenset(map(_fact_key, (r for r, _ in f_items)))
-    return ShardFacts(st.stamp, values, scanned, frozenset(map(_fact_key, failed)))
+        values = {b: unpack(data, p)[0] for (b, e), p in zip(spans, pos, strict=True) if e - b == 4}
+        placed = []
+        for (b, e), dtype, p in zip(spans, dtypes, pos, strict=True):
+            if dtype != "I32":
+                keys.append((b, e, dtype))
+                placed.append((dtype, e - b, p))
+        bad = (_scan_numpy if numpy else _scan_ints)(data, placed)
+    return ShardFacts(reads.shard.stamp, values, frozenset(keys), frozenset(keys[i] for i in bad))
 
 
-def _fact_key(ref: TensorRef) -> tuple[int, int, str]:
-    start = ref.shard.data_start
-    return start + ref.info.begin, start + ref.info.end, ref.info.dtype
+_BEGIN = itemgetter(3)  # of a TensorInfo
+_KEY = itemgetter(3, 4, 1)  # (begin, end, dtype) of a TensorInfo
 
 
 def _from_facts(
@@ -201,26 +210,29 @@ def _from_facts(
     f_items: list[tuple[TensorRef, None]],
 ) -> tuple[list[tuple[TensorRef, int, int]], list[TensorRef]] | None:
     """What `check` of `run_deferred` finds in one shard, from read-ahead facts; None when the
-    facts do not cover every deferred read."""
-    values, scanned = facts.values, facts.scanned
-    spans = [_fact_key(r) for r, _ in f_items]
-    if not all(k in scanned for k in spans):
+    facts do not cover every deferred read. The usual shard (every marker right, no NaN/Inf)
+    costs set and list operations only."""
+    m_refs = list(map(_FIRST, m_items))
+    got = list(map(facts.values.get, map(_BEGIN, map(_SECOND, m_refs))))
+    if None in got:
         return None
+    wants = list(map(_SECOND, m_items))
     wrong = []
-    for ref, want in m_items:
-        start = ref.shard.data_start
-        got = values.get((start + ref.info.begin, start + ref.info.end))
-        if got is None:
-            return None
-        if got != want:
-            wrong.append((ref, got, want))
-    bad = [k in facts.failed for k in spans]
+    if got != wants:
+        wrong = [(r, g, w) for r, g, w in zip(m_refs, got, wants, strict=True) if g != w]
+    f_refs = list(map(_FIRST, f_items))
+    keys = list(map(_KEY, map(_SECOND, f_refs)))
+    if not facts.scanned.issuperset(keys):
+        return None
+    if facts.failed.isdisjoint(keys):
+        return wrong, []
+    hits = [k in facts.failed for k in keys]
     # the scans' report order: per dtype, payloads at an odd offset first, then aligned ones
     # (a packed position keeps its offset mod 16, so oddness is the offset's)
     failed: list[TensorRef] = []
     for dtype, (size, _) in _EXPONENT_BITS.items():
         for odd in (True, False):
-            for (ref, _), hit in zip(f_items, bad, strict=True):
+            for ref, hit in zip(f_refs, hits, strict=True):
                 if hit and ref.info.dtype == dtype and bool(ref.info.begin % size) is odd:
                     failed.append(ref)
     return wrong, failed
@@ -268,8 +280,11 @@ def run_deferred(
         ]
         if not f_items:
             return wrong, []
-        placed = list(zip((r for r, _ in f_items), pos[len(m_items) :], strict=True))
-        return wrong, (_scan_numpy if use_numpy else _scan_ints)(data, placed)
+        refs = [r for r, _ in f_items]
+        at = pos[len(m_items) :]
+        placed = [(r.info.dtype, r.info.nbytes, p) for r, p in zip(refs, at, strict=True)]
+        bad = (_scan_numpy if use_numpy else _scan_ints)(data, placed)
+        return wrong, [refs[i] for i in bad]
 
     for path in left:
         results[path] = check(path)
@@ -283,17 +298,21 @@ def run_deferred(
             nonfinite(ref)
 
 
-def _scan_ints(data: bytearray, placed: list[tuple[TensorRef, int]]) -> list[TensorRef]:
-    """The NaN/Inf vectors of `placed` (tensor, position in `data`), one Python-integer test
-    each: word w fails when (w & mask) + lowest mask bit carries into the bit above the mask."""
-    bad: list[TensorRef] = []
+# (dtype, payload bytes, position in the packed data) of one vector to scan
+Placed = tuple[str, int, int]
+
+
+def _scan_ints(data: bytearray, placed: list[Placed]) -> list[int]:
+    """The indices of the NaN/Inf vectors of `placed`, one Python-integer test each: word w
+    fails when (w & mask) + lowest mask bit carries into the bit above the mask."""
+    bad: list[int] = []
     for dtype, (size, mask) in _EXPONENT_BITS.items():
-        sel = [(r, p) for r, p in placed if r.info.dtype == dtype]
+        sel = [(i, n, p) for i, (d, n, p) in enumerate(placed) if d == dtype]
         # in `_scan_words`' order: payloads at an odd offset first, then the aligned ones
         for odd in (True, False):
-            for ref, p in sel:
-                if bool(p % size) is odd and _has_nonfinite(data, p, ref.info.nbytes, size, mask):
-                    bad.append(ref)
+            for i, n, p in sel:
+                if bool(p % size) is odd and _has_nonfinite(data, p, n, size, mask):
+                    bad.append(i)
     return bad
 
 
@@ -309,45 +328,46 @@ def _has_nonfinite(data: bytearray, p: int, nbytes: int, size: int, mask: int) -
     return bool(((x & m) + c) & h)
 
 
-def _scan_numpy(data: bytearray, placed: list[tuple[TensorRef, int]]) -> list[TensorRef]:
+def _scan_numpy(data: bytearray, placed: list[Placed]) -> list[int]:
     """The same over a zero-copy numpy view: the whole packed read is tested once, and a per-word
     index is built only when a NaN/Inf word is there at all."""
     import numpy as np
 
     arr = np.frombuffer(data, dtype=np.uint8)
-    bad: list[TensorRef] = []
+    bad: list[int] = []
     for dtype, (size, mask) in _EXPONENT_BITS.items():
-        sel = [(r, p) for r, p in placed if r.info.dtype == dtype]
+        sel = [(i, n, p) for i, (d, n, p) in enumerate(placed) if d == dtype]
         if sel:
             bad.extend(_scan_words(np, arr, sel, size, mask))
     return bad
 
 
 def _scan_words(
-    np: Any, data: Any, refs: list[tuple[TensorRef, int]], size: int, mask: int
-) -> list[TensorRef]:
+    np: Any, data: Any, sel: list[tuple[int, int, int]], size: int, mask: int
+) -> list[int]:
+    """The indices (the first of each `sel` triple) of the vectors with a NaN/Inf word."""
     view = _WORD_VIEW[size]
-    bad: list[TensorRef] = []
-    aligned = [(r, p) for r, p in refs if p % size == 0]
-    for r, p in refs:  # an odd offset cannot be viewed as a word array: check it alone
+    bad: list[int] = []
+    aligned = [(i, n, p) for i, n, p in sel if p % size == 0]
+    for i, n, p in sel:  # an odd offset cannot be viewed as a word array: check it alone
         if p % size:
-            words = data[p : p + r.info.nbytes - r.info.nbytes % size].copy().view(view)
+            words = data[p : p + n - n % size].copy().view(view)
             if ((words & mask) == mask).any():
-                bad.append(r)
+                bad.append(i)
     if not aligned:
         return bad
     words = data[: data.size - data.size % size].view(view)
     if not ((words & mask) == mask).any():
         return bad  # the usual case: no NaN/Inf word anywhere in the packed reads, not even in gaps
-    starts = np.fromiter((p // size for _, p in aligned), np.int64, len(aligned))
+    starts = np.fromiter((p // size for _, _, p in aligned), np.int64, len(aligned))
     # words of each payload (its numel may disagree with its bytes: the header checks say so)
-    counts = np.fromiter((r.info.nbytes // size for r, _ in aligned), np.int64, len(aligned))
+    counts = np.fromiter((n // size for _, n, _ in aligned), np.int64, len(aligned))
     # NaN/Inf words before each word (payloads may overlap, and gaps read along may hold
     # trellis words that look like NaN): a payload fails when its words add some
     before = np.zeros(words.size + 1, np.int64)
     np.cumsum((words & mask) == mask, out=before[1:])
-    for i in np.flatnonzero(before[starts + counts] > before[starts]):
-        bad.append(aligned[i][0])
+    for j in np.flatnonzero(before[starts + counts] > before[starts]):
+        bad.append(aligned[j][0])
     return bad
 
 

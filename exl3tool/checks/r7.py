@@ -116,14 +116,14 @@ def prefetch_r7(root: Path) -> Prefetched | None:
             reads = fact_reads(root / label, label)
         except OSError:  # no facts for this shard: the checks read it themselves
             continue
-        if reads is not None and total + reads[2].nbytes() <= FACTS_MAX_TOTAL:
+        if reads is not None and total + reads.vector_bytes() <= FACTS_MAX_TOTAL:
             planned.append(reads)
-            total += reads[2].nbytes()
+            total += reads.vector_bytes()
     numpy = total >= NUMPY_MIN_BYTES
     with RandomAccessReader() as reader:
-        for st, markers, finite in planned:
+        for reads in planned:
             try:
-                facts[st.path] = read_facts(st, markers, finite, reader, numpy)
+                facts[reads.shard.path] = read_facts(reads, reader, numpy)
             except Exception:  # no facts for this shard: the checks read it themselves
                 continue
     return Prefetched(block, facts, layer_results(lite, block, keep=False))

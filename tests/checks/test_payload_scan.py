@@ -88,7 +88,7 @@ def _facts(path: Path, numpy: bool) -> dict:
     planned = payload.fact_reads(path, path.name)
     assert planned is not None
     with RandomAccessReader() as reader:
-        return {path: payload.read_facts(*planned, reader, numpy)}
+        return {path: payload.read_facts(planned, reader, numpy)}
 
 
 def _run(path: Path, facts: dict | None = None) -> tuple[list, list]:
