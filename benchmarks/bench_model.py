@@ -10,7 +10,8 @@ experts per layer, then run the whole verify-swap in this process and report wal
 per layer, the time split by phase, peak host RSS and peak VRAM (torch's allocator peak). The
 reference is linearity: seconds per layer at N should not grow with N, and peaks should not grow.
 Artifacts need about N × (3.6 + 2 × 2.7) GB at the GLM geometry (base, cartridge, staged copy):
-`--dir` must hold that (/dev/shm by default when it can).
+`--dir` must hold that (/dev/shm by default when it can), or `--base-dir` the base (3.6 GB per
+layer, e.g. a disk) and `--dir` the rest.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ BUILD = """
 import sys
 from pathlib import Path
 from exl3tool.synth.msrt import build_adapter, build_base
-root, n, e, h, i, s = Path(sys.argv[1]), *map(int, sys.argv[2:7])
-base = build_base(root / "base", layers=tuple(range(n)), experts=e, hidden=h, intermediate=i, k=3)
+root, base_root, n, e, h, i, s = Path(sys.argv[1]), Path(sys.argv[2]), *map(int, sys.argv[3:8])
+base = build_base(base_root, layers=tuple(range(n)), experts=e, hidden=h, intermediate=i, k=3)
 sel = list(range(s))
 build_adapter(root / "cart", base, chain=(("k4", 4), ("k5", 5)), experts=[sel, sel])
 """
@@ -49,20 +50,23 @@ def one(args: argparse.Namespace, n: int) -> dict:
     from exl3tool.runtime.verify import VerifyOptions, run_verify
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-model-", dir=args.dir))
+    base_tmp = Path(tempfile.mkdtemp(prefix="bench-model-base-", dir=args.base_dir or tmp))
     try:
         t0 = time.perf_counter()
         geo = [n, args.experts, args.hidden, args.intermediate, args.subset]
         subprocess.run(
-            [sys.executable, "-c", BUILD, str(tmp), *map(str, geo)], check=True, cwd=ROOT
+            [sys.executable, "-c", BUILD, str(tmp), str(base_tmp / "base"), *map(str, geo)],
+            check=True,
+            cwd=ROOT,
         )
         built = time.perf_counter() - t0
-        size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+        size = sum(p.stat().st_size for d in {tmp, base_tmp} for p in d.rglob("*") if p.is_file())
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         rep = run_verify(
             VerifyOptions(
-                tmp / "base",
+                base_tmp / "base",
                 tmp / "cart",
                 device=args.device,
                 tokens=args.tokens,
@@ -89,6 +93,7 @@ def one(args: argparse.Namespace, n: int) -> dict:
             "failed": [c["detail"] for c in doc["checks"] if c["passed"] is False],
         }
     finally:
+        shutil.rmtree(base_tmp, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -102,21 +107,23 @@ def main() -> int:
     ap.add_argument("--subset", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--dir", default="/dev/shm" if Path("/dev/shm").is_dir() else None)
+    ap.add_argument("--base-dir", help="build the base here (default: in --dir)")
     args = ap.parse_args()
     ok = True
     for n in args.layers:
-        free = shutil.disk_usage(args.dir or tempfile.gettempdir()).free
-        per = (
-            args.experts
-            * 3
-            * args.hidden
-            * args.intermediate
-            * (3 + 2 * 9 * args.subset / args.experts)
-            / 8
-        )
-        if n * per > 0.9 * free:
-            print(json.dumps({"layers": n, "skipped": f"needs ~{_gb(int(n * per))} GB, "
-                              f"{_gb(free)} GB free in {args.dir}"}), flush=True)  # fmt: skip
+        weights = args.experts * 3 * args.hidden * args.intermediate
+        need = {  # bytes per directory: base K3; cartridge K4 + K5 and its staged copy
+            args.base_dir or args.dir: n * weights * 3 / 8,
+        }
+        rest = n * weights * 2 * 9 * args.subset / args.experts / 8
+        need[args.dir] = need.get(args.dir, 0) + rest
+        short = [
+            f"needs ~{_gb(int(b))} GB, {_gb(free)} GB free in {d}"
+            for d, b in need.items()
+            if b > 0.9 * (free := shutil.disk_usage(d or tempfile.gettempdir()).free)
+        ]
+        if short:
+            print(json.dumps({"layers": n, "skipped": "; ".join(short)}), flush=True)
             continue
         res = one(args, n)
         ok &= res["passed"]
