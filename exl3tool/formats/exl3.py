@@ -6,7 +6,6 @@ docs/formats/exl3.md §1: K = trellis.shape[-1] / 16; integer 1..8, or 1.5/2.5/3
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 from exl3tool.formats.checkpoint import TensorRef
 from exl3tool.formats.names import EXL3_FIELDS, split_field
@@ -22,12 +21,10 @@ def k_of_last_dim(last: int) -> float | int | None:
     """K for a trellis last dimension, or None when it is not 16*K for any K of the format."""
     if last % 8:
         return None
-    k = Fraction(last, 16)
-    if k.denominator == 1 and 1 <= k <= 8:
-        return int(k)
-    if float(k) in HALF_K:
-        return float(k)
-    return None
+    if not last % 16:
+        return last // 16 if 1 <= last // 16 <= 8 else None
+    half = last / 16  # an exact half: last is an odd multiple of 8
+    return half if half in HALF_K else None
 
 
 def codebook_of(parts: dict[str, object]) -> str:

@@ -18,7 +18,7 @@ EXPERT_PREFIX_RE = re.compile(
     r"model\.layers\.(?P<layer>0|[1-9][0-9]*)\.mlp\.experts\.(?P<expert>0|[1-9][0-9]*)"
     r"\.(?P<proj>gate_proj|up_proj|down_proj)(?:\.rank(?P<rank>[0-9]+))?"
 )
-_FIELD_RE = re.compile(r"[A-Za-z0-9_]+")
+FIELD_RE = re.compile(r"[A-Za-z0-9_]+")
 R7_SHARED_RE = re.compile(
     r"^model\.layers\.(?P<layer>0|[1-9][0-9]*)\.mlp\.experts\.r7_shared\.(?P<field>gate_up_suh|down_svh)$"
 )
@@ -82,7 +82,7 @@ class ExpertPrefixes:
         prefix, _, field = name.rpartition(".")
         plain = self._plain.get(field)
         if plain is None:
-            plain = self._plain[field] = _FIELD_RE.fullmatch(field) is not None
+            plain = self._plain[field] = FIELD_RE.fullmatch(field) is not None
         if not plain:  # e.g. a trailing newline, which EXPERT_RE's `$` lets through
             en = parse_expert(name)
             return None if en is None else (en.layer, en.rank, en.field)

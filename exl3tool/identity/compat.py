@@ -16,11 +16,12 @@ import hashlib
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.exl3 import MCG_MARKER, k_of_last_dim
-from exl3tool.formats.names import PROJECTIONS, parse_expert
+from exl3tool.formats.names import EXPERT_PREFIX_RE, FIELD_RE, PROJECTIONS, parse_expert
 from exl3tool.formats.tail import config_tail
 from exl3tool.io.strict_json import canonical_json
 
@@ -62,7 +63,9 @@ def layer_digest(layer: int, k: int, records: Iterable[Mapping[str, Any]]) -> st
         "schema": LAYER_SCHEMA,
         "k": k,
         "layer": int(layer),
-        "tensors": sorted((dict(r) for r in records), key=lambda r: r["name"]),
+        "tensors": sorted(
+            (r if type(r) is dict else dict(r) for r in records), key=itemgetter("name")
+        ),
     }
     return hashlib.sha256(canonical_json(body)).hexdigest()
 
@@ -93,72 +96,112 @@ def _uniform_k(ks: set[Any], k: int | None, problems: list[Problem]) -> int | No
     return found
 
 
+_COMPONENT_SPEC = {"trellis": ("I16", 3), "suh": ("F16", 1), "svh": ("F16", 1), "mcg": ("I32", 0)}
+
+
 def _check_components(
     by_linear: dict[tuple[int, int], dict[str, dict[str, Any]]], problems: list[Problem]
 ) -> None:
-    """§6.1: every expert has all three projections with all four components."""
+    """§6.1: every expert has all three projections with all four components (`by_linear`:
+    (layer, expert) -> proj -> component -> its logical tensor)."""
     for (layer, expert), projs in sorted(by_linear.items()):
         for proj in PROJECTIONS:
-            prefix = f"model.layers.{layer}.mlp.experts.{expert}.{proj}"
             parts = projs.get(proj, {})
             missing = [c for c in COMPONENTS if c not in parts]
             if missing:
+                prefix = f"model.layers.{layer}.mlp.experts.{expert}.{proj}"
                 problems.append(
                     Problem(f"{prefix} lacks {', '.join(missing)}", tensor=prefix, layer=layer)
                 )
-            spec = {"trellis": ("I16", 3), "suh": ("F16", 1), "svh": ("F16", 1), "mcg": ("I32", 0)}
-            for comp, rec in parts.items():
-                dtype, ndim = spec[comp]
-                if rec["dtype"] != dtype or len(rec["shape"]) != ndim:
+            for comp, lt in parts.items():
+                dtype, ndim = _COMPONENT_SPEC[comp]
+                if lt.dtype != dtype or len(lt.shape) != ndim:
                     problems.append(
                         Problem(
-                            f"{comp} is {rec['dtype']}{rec['shape']}, the identity expects "
+                            f"{comp} is {lt.dtype}{list(lt.shape)}, the identity expects "
                             f"{dtype} with {ndim} dimensions",
-                            tensor=rec["name"],
+                            tensor=lt.name,
                             layer=layer,
                         )
                     )
 
 
+# (layer, expert, proj, field) of a routed-expert name, as `parse_expert` reads it
+Parts = tuple[int, int, str, str]
+
+
 @dataclass
 class CompatPlan:
-    """What the §6 identity will hash: the chosen logical tensors, K, and problems so far."""
+    """What the §6 identity will hash: the chosen logical tensors (with their parsed names),
+    K, and problems so far."""
 
     tensors: list[Any]  # logical.LogicalTensor, routed-expert components only
     k: int | None
     problems: list[Problem]
+    parts: list[Parts] = field(default_factory=list)  # of each of `tensors`
 
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
 
 
+class _Names:
+    """`parse_expert` of many names, the regex run once per `{prefix}` (a projection's four
+    components share one): a name whose field is a plain token parses exactly when its
+    prefix does (`formats.names.ExpertPrefixes`)."""
+
+    def __init__(self) -> None:
+        self._prefixes: dict[str, tuple[int, int, str] | None] = {}
+        self._plain: dict[str, bool] = {}
+
+    def parts(self, name: str) -> Parts | None:
+        prefix, _, fld = name.rpartition(".")
+        plain = self._plain.get(fld)
+        if plain is None:
+            plain = self._plain[fld] = FIELD_RE.fullmatch(fld) is not None
+        if not plain:
+            en = parse_expert(name)
+            return None if en is None else (en.layer, en.expert, en.proj, en.field)
+        hit = self._prefixes.get(prefix, _UNSEEN)
+        if hit is _UNSEEN:
+            m = EXPERT_PREFIX_RE.fullmatch(prefix)
+            hit = None if m is None else (int(m["layer"]), int(m["expert"]), m["proj"])
+            self._prefixes[prefix] = hit
+        return None if hit is None else (*hit, fld)
+
+
+_UNSEEN: Any = object()
+
+
 def prepare(plan: Any, k: int | None = None) -> CompatPlan:
     """Select the routed-expert components of a `logical.LogicalPlan` and check §6.1 structure."""
     problems = [Problem(p.message, p.tensor, p.layer) for p in plan.problems]
     chosen: list[Any] = []
+    parts: list[Parts] = []
     ks: set[Any] = set()
     by_linear: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    names = _Names()
     for lt in plan.tensors.values():
-        en = parse_expert(lt.name)
-        if en is None:
+        got = names.parts(lt.name)
+        if got is None:
             continue
-        if en.field not in COMPONENTS:
+        layer, expert, proj, fld = got
+        if fld not in COMPONENTS:
             problems.append(
                 Problem(
-                    f"{en.field} is not a component of an MSRT base expert",
+                    f"{fld} is not a component of an MSRT base expert",
                     tensor=lt.name,
-                    layer=en.layer,
+                    layer=layer,
                 )
             )
             continue
         chosen.append(lt)
-        rec = tensor_record(lt.name, lt.dtype, lt.shape, "")
-        by_linear.setdefault((en.layer, en.expert), {}).setdefault(en.proj, {})[en.field] = rec
-        if en.field == "trellis":
+        parts.append(got)
+        by_linear.setdefault((layer, expert), {}).setdefault(proj, {})[fld] = lt
+        if fld == "trellis":
             ks.add(k_of_last_dim(lt.shape[-1]) if len(lt.shape) == 3 else None)
     _check_components(by_linear, problems)
-    return CompatPlan(chosen, _uniform_k(ks, k, problems), problems)
+    return CompatPlan(chosen, _uniform_k(ks, k, problems), problems, parts)
 
 
 def compat_identity(
@@ -200,16 +243,14 @@ def compat_identity(
         )
     )
     records: dict[int, list[dict[str, Any]]] = {}
-    for lt in cp.tensors:
-        en = parse_expert(lt.name)
-        assert en is not None
-        if en.field == "mcg" and lt.nbytes == 4 and known[lt.name] != _MCG_SHA:
-            cp.problems.append(
-                Problem("mcg marker is not 0xCBAC1FED", tensor=lt.name, layer=en.layer)
-            )
-        records.setdefault(en.layer, []).append(
-            tensor_record(lt.name, lt.dtype, lt.shape, known[lt.name])
-        )
+    for lt, (layer, _, _, fld) in zip(cp.tensors, cp.parts, strict=True):
+        digest = known[lt.name]
+        if fld == "mcg" and digest != _MCG_SHA and lt.nbytes == 4:
+            cp.problems.append(Problem("mcg marker is not 0xCBAC1FED", tensor=lt.name, layer=layer))
+        recs = records.get(layer)
+        if recs is None:
+            recs = records[layer] = []
+        recs.append(tensor_record(lt.name, lt.dtype, lt.shape, digest))
     ident.layers = {str(L): layer_digest(L, cp.k, recs) for L, recs in sorted(records.items())}
     ident.root = root_digest(cp.k, ident.layers)
     return ident
