@@ -155,3 +155,46 @@ def test_small_scans_do_not_import_numpy(tmp_path: Path) -> None:
         "assert 'numpy' not in sys.modules, 'numpy imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _scanned(r: TensorRef) -> bool:
+    return r.info.dtype in _WORD and r.info.nbytes > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_items_of_two_shards_interleaved_are_reported_per_shard(tmp_path: Path, seed: int) -> None:
+    """Deferred items of two shards, added alternately (the checks usually add a shard's
+    together): each shard's findings come together, shards in the order their first item of
+    that kind came, items in the order they were added; the same from facts read ahead."""
+    shards = []
+    for i in range(2):
+        path, blobs = _write(tmp_path / f"s{i}.safetensors", 100 + 2 * seed + i)
+        refs = list(load_checkpoint(path, Findings()).tensors.values())
+        shards.append((path, refs, _reference(refs, blobs)))
+    a, b = shards[0][1], shards[1][1]
+    mixed = [r for pair in zip(a, b, strict=False) for r in pair] + a[len(b) :] + b[len(a) :]
+
+    def in_order(keep, part: int) -> list:  # the shards' expected findings, first seen first
+        paths = dict.fromkeys(r.shard.path for r in mixed if keep(r))
+        return [x for p in paths for path, _, want in shards if path == p for x in want[part]]
+
+    want = (in_order(lambda r: r.info.dtype == "I32", 0), in_order(_scanned, 1))
+    facts = {**_facts(shards[0][0], True), **_facts(shards[1][0], False)}
+    for known in (None, facts):
+        wrong: list = []
+        bad: list = []
+        with RandomAccessReader() as reader:
+            markers, finite = MarkerCheck(), FiniteCheck()
+            for r in mixed:
+                if r.info.dtype == "I32":
+                    markers.add(r, MARKER)
+                finite.add(r)
+            run_deferred(
+                reader,
+                markers,
+                finite,
+                lambda r, v, e, out=wrong: out.append((r.name, v, e)),
+                lambda r, out=bad: out.append(r.name),
+                known,
+            )
+        assert (wrong, bad) == want
