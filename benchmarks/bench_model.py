@@ -60,7 +60,8 @@ def one(args: argparse.Namespace, n: int) -> dict:
             cwd=ROOT,
         )
         built = time.perf_counter() - t0
-        size = sum(p.stat().st_size for d in {tmp, base_tmp} for p in d.rglob("*") if p.is_file())
+        roots = [tmp, base_tmp] if args.base_dir else [tmp]  # else the base is inside tmp
+        size = sum(p.stat().st_size for d in roots for p in d.rglob("*") if p.is_file())
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()

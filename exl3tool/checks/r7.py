@@ -116,9 +116,10 @@ def prefetch_r7(root: Path) -> Prefetched | None:
             reads = fact_reads(root / label, label)
         except OSError:  # no facts for this shard: the checks read it themselves
             continue
-        if reads is not None and total + reads.vector_bytes() <= FACTS_MAX_TOTAL:
+        n = reads.vector_bytes() if reads is not None else 0
+        if reads is not None and total + n <= FACTS_MAX_TOTAL:
             planned.append(reads)
-            total += reads.vector_bytes()
+            total += n
     numpy = total >= NUMPY_MIN_BYTES
     with RandomAccessReader() as reader:
         for reads in planned:

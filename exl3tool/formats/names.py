@@ -18,7 +18,7 @@ EXPERT_PREFIX_RE = re.compile(
     r"model\.layers\.(?P<layer>0|[1-9][0-9]*)\.mlp\.experts\.(?P<expert>0|[1-9][0-9]*)"
     r"\.(?P<proj>gate_proj|up_proj|down_proj)(?:\.rank(?P<rank>[0-9]+))?"
 )
-FIELD_RE = re.compile(r"[A-Za-z0-9_]+")
+_FIELD_RE = re.compile(r"[A-Za-z0-9_]+")
 R7_SHARED_RE = re.compile(
     r"^model\.layers\.(?P<layer>0|[1-9][0-9]*)\.mlp\.experts\.r7_shared\.(?P<field>gate_up_suh|down_svh)$"
 )
@@ -70,32 +70,44 @@ def split_field(name: str) -> tuple[str, str]:
 
 
 class ExpertPrefixes:
-    """`parse_expert`'s (layer, rank, field) of many names, parsed once per `{prefix}` (the
-    name before its last dot: a projection's trellis, markers and vectors share one). The same
-    answers: a name whose field is a plain token parses exactly when its prefix does."""
+    """`parse_expert` of many names, parsed once per `{prefix}` (the name before its last dot:
+    a projection's trellis, markers and vectors share one). The same answers: a name whose
+    field is a plain token parses exactly when its prefix does."""
 
     def __init__(self) -> None:
-        self._prefixes: dict[str, tuple[int, int | None] | None] = {}
+        # prefix -> (layer, expert, proj, rank), or None when it is no expert's
+        self._prefixes: dict[str, tuple[int, int, str, int | None] | None] = {}
         self._plain: dict[str, bool] = {}  # field -> a plain token (EXPERT_RE's field group)
 
-    def parse(self, name: str) -> tuple[int, int | None, str] | None:
+    def _parse(self, name: str) -> tuple[tuple[int, int, str, int | None] | None, str]:
         prefix, _, field = name.rpartition(".")
         plain = self._plain.get(field)
         if plain is None:
-            plain = self._plain[field] = FIELD_RE.fullmatch(field) is not None
+            plain = self._plain[field] = _FIELD_RE.fullmatch(field) is not None
         if not plain:  # e.g. a trailing newline, which EXPERT_RE's `$` lets through
             en = parse_expert(name)
-            return None if en is None else (en.layer, en.rank, en.field)
+            if en is None:
+                return None, field
+            return (en.layer, en.expert, en.proj, en.rank), en.field
         if prefix in self._prefixes:
-            hit = self._prefixes[prefix]
-        else:
-            hit = self._prefixes[prefix] = _parse_prefix(prefix)
-        return None if hit is None else (hit[0], hit[1], field)
+            return self._prefixes[prefix], field
+        hit = self._prefixes[prefix] = _parse_prefix(prefix)
+        return hit, field
+
+    def parse(self, name: str) -> tuple[int, int | None, str] | None:
+        """(layer, rank, field) of an expert tensor's name, or None."""
+        hit, field = self._parse(name)
+        return None if hit is None else (hit[0], hit[3], field)
+
+    def parts(self, name: str) -> tuple[int, int, str, str] | None:
+        """(layer, expert, proj, field) of an expert tensor's name, or None."""
+        hit, field = self._parse(name)
+        return None if hit is None else (hit[0], hit[1], hit[2], field)
 
 
-def _parse_prefix(prefix: str) -> tuple[int, int | None] | None:
+def _parse_prefix(prefix: str) -> tuple[int, int, str, int | None] | None:
     m = EXPERT_PREFIX_RE.fullmatch(prefix)
     if m is None:
         return None
     rank = m.group("rank")
-    return int(m.group("layer")), None if rank is None else int(rank)
+    return int(m["layer"]), int(m["expert"]), m["proj"], None if rank is None else int(rank)

@@ -21,7 +21,7 @@ from typing import Any
 
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.exl3 import MCG_MARKER, k_of_last_dim
-from exl3tool.formats.names import EXPERT_PREFIX_RE, FIELD_RE, PROJECTIONS, parse_expert
+from exl3tool.formats.names import PROJECTIONS, ExpertPrefixes, parse_expert
 from exl3tool.formats.tail import config_tail
 from exl3tool.io.strict_json import canonical_json
 
@@ -145,34 +145,6 @@ class CompatPlan:
         return sum(t.nbytes for t in self.tensors)
 
 
-class _Names:
-    """`parse_expert` of many names, the regex run once per `{prefix}` (a projection's four
-    components share one): a name whose field is a plain token parses exactly when its
-    prefix does (`formats.names.ExpertPrefixes`)."""
-
-    def __init__(self) -> None:
-        self._prefixes: dict[str, tuple[int, int, str] | None] = {}
-        self._plain: dict[str, bool] = {}
-
-    def parts(self, name: str) -> Parts | None:
-        prefix, _, fld = name.rpartition(".")
-        plain = self._plain.get(fld)
-        if plain is None:
-            plain = self._plain[fld] = FIELD_RE.fullmatch(fld) is not None
-        if not plain:
-            en = parse_expert(name)
-            return None if en is None else (en.layer, en.expert, en.proj, en.field)
-        hit = self._prefixes.get(prefix, _UNSEEN)
-        if hit is _UNSEEN:
-            m = EXPERT_PREFIX_RE.fullmatch(prefix)
-            hit = None if m is None else (int(m["layer"]), int(m["expert"]), m["proj"])
-            self._prefixes[prefix] = hit
-        return None if hit is None else (*hit, fld)
-
-
-_UNSEEN: Any = object()
-
-
 def prepare(plan: Any, k: int | None = None) -> CompatPlan:
     """Select the routed-expert components of a `logical.LogicalPlan` and check §6.1 structure."""
     problems = [Problem(p.message, p.tensor, p.layer) for p in plan.problems]
@@ -180,7 +152,7 @@ def prepare(plan: Any, k: int | None = None) -> CompatPlan:
     parts: list[Parts] = []
     ks: set[Any] = set()
     by_linear: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
-    names = _Names()
+    names = ExpertPrefixes()
     for lt in plan.tensors.values():
         got = names.parts(lt.name)
         if got is None:
@@ -247,10 +219,7 @@ def compat_identity(
         digest = known[lt.name]
         if fld == "mcg" and digest != _MCG_SHA and lt.nbytes == 4:
             cp.problems.append(Problem("mcg marker is not 0xCBAC1FED", tensor=lt.name, layer=layer))
-        recs = records.get(layer)
-        if recs is None:
-            recs = records[layer] = []
-        recs.append(tensor_record(lt.name, lt.dtype, lt.shape, digest))
+        records.setdefault(layer, []).append(tensor_record(lt.name, lt.dtype, lt.shape, digest))
     ident.layers = {str(L): layer_digest(L, cp.k, recs) for L, recs in sorted(records.items())}
     ident.root = root_digest(cp.k, ident.layers)
     return ident

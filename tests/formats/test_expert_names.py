@@ -49,6 +49,8 @@ def test_expert_prefixes_agree_with_parse_expert(names: list[str]) -> None:
     cache = ExpertPrefixes()  # shared across the names: answers from its cache must agree too
     for name in names + names:
         assert cache.parse(name) == _reference(name), name
+        en = parse_expert(name)
+        assert cache.parts(name) == (en and (en.layer, en.expert, en.proj, en.field)), name
 
 
 def test_expert_prefixes_examples() -> None:
