@@ -6,7 +6,7 @@
 
 Each round runs `python -m exl3tool ARGS` once per tree, alternating which goes first, from a
 neutral working directory (`python -m` puts the working directory first on sys.path) with
-PYTHONPATH set to the tree. Prints the minimum and median wall time and CPU time (user + sys of
+PYTHONPATH set to the tree (before what it held). Prints the minimum and median wall time and CPU time (user + sys of
 the child) per tree, and the load average at the end.
 """
 
@@ -31,10 +31,12 @@ def main() -> int:
     args = sys.argv[cut + 1 :]
     trees = {"old": str(Path(old).resolve()), "new": str(Path(new).resolve())}
     runs: dict[str, list[tuple[float, float, int]]] = {k: [] for k in trees}
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     with tempfile.TemporaryDirectory() as cwd:
         for r in range(rounds):
             for name in list(trees) if r % 2 == 0 else list(trees)[::-1]:
-                env = dict(os.environ, PYTHONPATH=trees[name])
+                # the tree first; what PYTHONPATH held (a --target site of dependencies) after it
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join([trees[name], *extra]))
                 c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t0 = perf_counter()
                 proc = subprocess.run([sys.executable, "-m", "exl3tool", *args], cwd=cwd,

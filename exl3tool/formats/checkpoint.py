@@ -313,15 +313,21 @@ def _load_indexed(ckpt: Checkpoint, present: list[str], findings: Findings) -> N
             if st is not None:
                 ckpt.shards[label] = st
     _collect(ckpt, findings)
+    covered = False  # every weight_map name is a loaded tensor
     if not ckpt.rejected_files and not ckpt.damaged_shards:  # the usual case, one lookup each
         held = {label: st.tensors for label, st in ckpt.shards.items()}
+        before = len(findings)
         for name, label in wm.items():
             names = held.get(label)
             if names is not None and name not in names:
                 _missing_tensor(findings, name, label)
+        covered = len(findings) == before and held.keys() >= mapped
     else:
         _reject_tensors(ckpt, wm, findings)
-    unmapped = () if ckpt.tensors.keys() <= wm.keys() else ckpt.tensors.items()
+    # names are unique in both: when the index names only loaded tensors, equal counts mean
+    # the same names (one length test instead of 10^5 lookups)
+    same = covered and len(wm) == len(ckpt.tensors)
+    unmapped = () if same or ckpt.tensors.keys() <= wm.keys() else ckpt.tensors.items()
     for name, ref in unmapped:
         if wm.get(name) != ref.file and name not in wm:
             findings.add(

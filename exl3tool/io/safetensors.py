@@ -13,7 +13,8 @@ import re
 import stat
 import struct
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import repeat
+from operator import itemgetter, lshift, sub
 from pathlib import Path
 from typing import NamedTuple
 
@@ -246,8 +247,8 @@ _META_START = '{"__metadata__":'
 
 
 def _scan_compact(text: str) -> _Fast | None:
-    """The compact header by one regex scan, no JSON objects built (10^6 entries: a fraction
-    of `json.loads`, and no parsed dict to hold in memory next to the tensors)."""
+    """The compact header by regex scans, no JSON objects built (10^6 entries: a fraction of
+    `json.loads`, and no parsed dict to hold in memory next to the tensors)."""
     body = text.rstrip(" ")
     if not body.startswith("{") or ".." in body:
         return None  # `..` may be a name segment: the full checks decide
@@ -264,24 +265,60 @@ def _scan_compact(text: str) -> _Fast | None:
         meta, pos = dict(meta), pos + 1
     out: dict[str, TensorInfo] = {}
     kinds: dict[tuple[str, str], tuple[str, tuple[int, ...], int]] = {}
-    new, info_type = tuple.__new__, TensorInfo
-    count, sep = 0, ","
-    for m in _ENTRY.finditer(body, pos):
-        if m.start() != pos or sep != ",":
+    count, end = 0, len(body)
+    while pos < end:
+        # A chunk ends after an entry's `]},`; one that its entries do not tile exactly (the
+        # cut fell inside a name, or anything else sits between entries) ends the fast path.
+        cut = body.find("]},", pos + _CHUNK)
+        stop = end if cut < 0 else cut + 3
+        got = _chunk_entries(body, pos, stop, kinds)
+        if got is None:
             return None
-        name, dtype, dims, begin, end, sep = m.groups()
-        kind = kinds.get((dtype, dims))
-        if kind is None:
-            kind = kinds[(dtype, dims)] = _kind(dtype, dims)
-        b, e = int(begin), int(end)
-        if (e - b) << 3 != kind[2] or e > MAX_INT48:
-            return None
-        out[name] = new(info_type, (name, kind[0], kind[1], b, e))
-        count += 1
-        pos = m.end()
-    if pos != len(body) or sep != "}" or len(out) != count or "__metadata__" in out:
+        out.update(got)
+        count += len(got)
+        pos = stop
+    if count == 0 or len(out) != count or "__metadata__" in out:
         return None
     return out, meta
+
+
+_CHUNK = 1 << 20  # characters of header text per scan (~8,000 entries held as groups at once)
+_SAMPLE = _ENTRY.fullmatch('"n":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},')
+_FIXED = len(_SAMPLE.group(0)) - sum(map(len, _SAMPLE.groups()[:5]))  # an entry's other chars
+_KIND_DTYPE, _KIND_SHAPE, _KIND_BITS = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+def _chunk_entries(
+    body: str, pos: int, stop: int, kinds: dict[tuple[str, str], tuple[str, tuple[int, ...], int]]
+) -> list[tuple[str, TensorInfo]] | None:
+    """(name, entry) of each entry in body[pos:stop], or None unless entries tile it exactly,
+    every separator is a comma but a `}` closing the header, and every size is right.
+
+    `findall` matches do not overlap and lie inside [pos, stop): when their lengths add up to
+    stop - pos they cover it without a gap. Every step is a C-level loop."""
+    rows = _ENTRY.findall(body, pos, stop)
+    if not rows:
+        return None
+    names, dtypes, dims, begins, ends, seps = zip(*rows, strict=True)
+    covered = _FIXED * len(rows) + sum(
+        sum(map(len, group)) for group in (names, dtypes, dims, begins, ends)
+    )
+    closes = stop == len(body)
+    if covered != stop - pos or seps.count(",") != len(seps) - closes:
+        return None
+    if seps[-1] != ("}" if closes else ","):
+        return None
+    keys = list(zip(dtypes, dims, strict=True))
+    for key in set(keys).difference(kinds):
+        kinds[key] = _kind(*key)
+    of = list(map(kinds.__getitem__, keys))
+    b, e = list(map(int, begins)), list(map(int, ends))
+    if max(e) > MAX_INT48:
+        return None
+    if list(map(lshift, map(sub, e, b), repeat(3))) != list(map(_KIND_BITS, of)):
+        return None
+    fields = zip(names, map(_KIND_DTYPE, of), map(_KIND_SHAPE, of), b, e, strict=True)
+    return list(zip(names, map(tuple.__new__, repeat(TensorInfo), fields), strict=True))
 
 
 def _kind(dtype: str, dims: str) -> tuple[str, tuple[int, ...], int]:

@@ -296,3 +296,35 @@ def test_compact_scan_takes_writer_headers(tensors: dict[str, np.ndarray], meta:
         assert got is not None and not any(is_unsafe_name(k) for k in got[0])
     if got is not None:
         assert got == stmod._round_trip(text)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.sampled_from(["a", "b.c", "]},", "x]}", ']},"', "w"]), min_size=1, max_size=12),
+    st.sampled_from([1, 5, 40, 1 << 20]),
+    st.data(),
+)
+def test_compact_scan_in_chunks(parts: list[str], chunk: int, d: st.DataObject) -> None:
+    """Scanned in chunks of any size (cut after an entry's `]},`, also inside a name that holds
+    one), the compact scan gives what the round-trip path gives or leaves the header to it; a
+    chunk with anything between its entries never passes."""
+    names = sorted({f"t{i}.{p}" for i, p in enumerate(parts) if '"' not in p})
+    entries = [f'"{n}":{{"dtype":"U8","shape":[2],"data_offsets":[{2 * i},{2 * i + 2}]}}'
+               for i, n in enumerate(names)]  # fmt: skip
+    text = "{" + ",".join(entries) + "}"
+    if d.draw(st.booleans()) and len(entries) > 1:  # a stray byte between two entries
+        at = 1 + len(entries[0]) + 1  # after the comma that ends the first entry
+        text = text[:at] + d.draw(st.sampled_from([" ", "x", ","])) + text[at:]
+    real = stmod._CHUNK
+    stmod._CHUNK = chunk
+    try:
+        got = stmod._scan_compact(text)
+    finally:
+        stmod._CHUNK = real
+    assert got is None or got == stmod._round_trip(text)
+    if got is not None:
+        assert list(got[0]) == names
+    if stmod._round_trip(text) is None:
+        assert got is None
+    elif not any("]}," in n for n in names):  # no name a cut can fall in
+        assert got is not None
