@@ -5,9 +5,9 @@
          python benchmarks/ab.py 6 /tmp/old . -- validate --no-hash /tmp/glm52
 
 Each round runs `python -m exl3tool ARGS` once per tree, alternating which goes first, from a
-neutral working directory (`python -m` puts the working directory first on sys.path) with
-PYTHONPATH set to the tree (before what it held). Prints the minimum and median wall time and CPU time (user + sys of
-the child) per tree, and the load average at the end.
+neutral working directory (`python -m` puts the working directory first on sys.path) with the
+tree first on PYTHONPATH (what it held follows). Prints the minimum and median wall time and CPU
+time (user + sys of the child) per tree, and the load average at the end.
 """
 
 from __future__ import annotations

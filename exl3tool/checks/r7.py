@@ -116,8 +116,10 @@ def prefetch_r7(root: Path) -> Prefetched | None:
             reads = fact_reads(root / label, label)
         except OSError:  # no facts for this shard: the checks read it themselves
             continue
-        n = reads.vector_bytes() if reads is not None else 0
-        if reads is not None and total + n <= FACTS_MAX_TOTAL:
+        if reads is None:
+            continue
+        n = reads.vector_bytes()
+        if total + n <= FACTS_MAX_TOTAL:
             planned.append(reads)
             total += n
     numpy = total >= NUMPY_MIN_BYTES

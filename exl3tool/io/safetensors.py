@@ -224,6 +224,8 @@ def _parse_header(raw: bytes, out: SafetensorsFile, findings: Findings) -> bool:
 
 
 _Fast = tuple[dict[str, TensorInfo], dict[str, str] | None]
+# (dtype, dims text) -> (dtype, shape, payload bits): `_kind`, once per pair in a header
+_Kinds = dict[tuple[str, str], tuple[str, tuple[int, ...], int]]
 
 
 def _fast_entries(text: str) -> _Fast | None:
@@ -264,7 +266,7 @@ def _scan_compact(text: str) -> _Fast | None:
             return None
         meta, pos = dict(meta), pos + 1
     out: dict[str, TensorInfo] = {}
-    kinds: dict[tuple[str, str], tuple[str, tuple[int, ...], int]] = {}
+    kinds: _Kinds = {}
     count, end = 0, len(body)
     while pos < end:
         # A chunk ends after an entry's `]},`; one that its entries do not tile exactly (the
@@ -289,7 +291,7 @@ _KIND_DTYPE, _KIND_SHAPE, _KIND_BITS = itemgetter(0), itemgetter(1), itemgetter(
 
 
 def _chunk_entries(
-    body: str, pos: int, stop: int, kinds: dict[tuple[str, str], tuple[str, tuple[int, ...], int]]
+    body: str, pos: int, stop: int, kinds: _Kinds
 ) -> list[tuple[str, TensorInfo]] | None:
     """(name, entry) of each entry in body[pos:stop], or None unless entries tile it exactly,
     every separator is a comma but a `}` closing the header, and every size is right.
