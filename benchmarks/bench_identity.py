@@ -1,7 +1,7 @@
 """Benchmark `exl3tool identity` against b3sum, sha256sum and a one-thread hashlib loop.
 
     python benchmarks/bench_identity.py [--gb 4] [--dir /tmp] [--threads N] [--repeat 3]
-                                        [--mix qwen3|glm] [--keep DIR]
+                                        [--mix qwen3|glm] [--keep DIR] [--bytecode]
 
 Builds ~4 GB of realistic EXL3 expert shards (trellis I16, suh/svh F16, mcg I32; 1 GB shards
 with an index), warms the page cache, then times each method on the same files (best of
@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from as_installed import HELP, bytecode_state, use_bytecode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -245,6 +247,7 @@ def main() -> None:
     ap.add_argument(
         "--keep", type=Path, default=None, help="build into (or reuse) this folder; keep it"
     )
+    ap.add_argument("--bytecode", action="store_true", help=HELP)
     args = ap.parse_args()
     global MIX
     MIX = MIXES[args.mix]
@@ -282,6 +285,9 @@ def main() -> None:
         subprocess.run([b3sum, *env_files], stdout=subprocess.DEVNULL, check=True)  # warm cache
         os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
         os.environ["EXL3TOOL_NO_PROGRESS"] = "1"
+        if args.bytecode:  # the children inherit it; a warm-up run fills the cache
+            use_bytecode(work / ".pycache")
+            subprocess.run([*exl[:4], str(work / "tiny.safetensors")], capture_output=True)
         pread_env = {**os.environ, "EXL3TOOL_NO_LEASE": "1"}
         # the fixed cost of a run (interpreter, imports, headers of a 1-tensor file)
         dt0, _, cpu0 = timed([*exl[:4], str(work / "tiny.safetensors"), "--no-compat"], args.repeat)
@@ -316,7 +322,7 @@ def main() -> None:
         lines = [
             f"{total / 1e9:.2f} GB, {len(files)} shards, warm page cache, {n} threads, "
             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, best of "
-            f"{args.repeat}",
+            f"{args.repeat}, bytecode cache {bytecode_state()}",
             "",
             "| method | GB/s | peak RSS MB | CPU s |",
             "|---|---|---|---|",

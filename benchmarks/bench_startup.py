@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import resource
 import statistics
@@ -26,6 +25,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from as_installed import HELP, bytecode_state, use_bytecode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,8 +138,7 @@ def main() -> None:
     ap.add_argument(
         "--bytecode",
         action="store_true",
-        help="cache compiled modules (in a temporary PYTHONPYCACHEPREFIX, filled by the warm-up "
-        "round) even where PYTHONDONTWRITEBYTECODE is set, as an installed package has them",
+        help=HELP,
     )
     args = ap.parse_args()
 
@@ -148,9 +148,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         f = str(_one_tensor_file(Path(tmp)))
         if args.bytecode:  # the children inherit it
-            os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-            os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
-        cached = "off" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "on"
+            use_bytecode(Path(tmp))
+        cached = bytecode_state()
         cases = {
             "python -c pass": [*py, "-c", "pass"],
             "exl3tool --help": [*exl3, "--help"],

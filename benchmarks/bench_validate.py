@@ -5,7 +5,7 @@
 mcg marker words are written), so the ~350 GB of apparent size costs no disk. The reference,
 measured in the same run, is a plain `json.loads` of every safetensors header.
 
-    python benchmarks/bench_validate.py [--keep DIR] [--repeat 3] [--profile]
+    python benchmarks/bench_validate.py [--keep DIR] [--repeat 3] [--profile] [--bytecode]
     python benchmarks/bench_validate.py --scaling [--tensors 10000,100000,1000000] [--keep DIR]
 
 `--scaling` builds the same shape with as many experts per layer as give about each tensor
@@ -26,6 +26,8 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from as_installed import HELP, bytecode_state, use_bytecode
 
 from exl3tool.actions.validate import validate_path
 from exl3tool.checks.options import ValidateOptions
@@ -117,6 +119,7 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="print a cProfile of one validate")
     ap.add_argument("--scaling", action="store_true", help="µs per tensor at --tensors counts")
     ap.add_argument("--tensors", default="10000,100000,1000000")
+    ap.add_argument("--bytecode", action="store_true", help=HELP)
     args = ap.parse_args()
     if args.scaling:
         base = args.keep or Path(tempfile.mkdtemp(prefix="bench-validate-scaling-"))
@@ -125,7 +128,7 @@ def main() -> int:
         finally:
             if args.keep is None:
                 shutil.rmtree(base, ignore_errors=True)
-    tmp = None
+    tmp = cache = None
     if args.keep is None:
         tmp = Path(tempfile.mkdtemp(prefix="bench-validate-"))
         root = tmp / "glm52-r7"
@@ -142,7 +145,11 @@ def main() -> int:
         opts = ValidateOptions(hash=False)
         t_val, (ref, findings) = timed(lambda: validate_path(root, opts), args.repeat)
         cli = _cli(root)
+        if args.bytecode:  # the children inherit it; a warm-up run fills the cache
+            cache = Path(tempfile.mkdtemp(prefix="bench-validate-pycache-"))
+            use_bytecode(cache)
         env = {**os.environ, "EXL3TOOL_NO_PROGRESS": "1"}
+        subprocess.run(cli, capture_output=True, env=env)  # warm-up
         t_cli, proc = timed(lambda: subprocess.run(cli, capture_output=True, env=env), args.repeat)
         summary = json.loads(proc.stdout)["summary"]
         if args.profile:
@@ -153,7 +160,7 @@ def main() -> int:
             pstats.Stats("/tmp/bench.prof").sort_stats("cumulative").print_stats(25)
         print(f"checkpoint: {n} tensors in {ref.extra['shards']} shards, "
               f"{apparent / 1e9:.0f} GB apparent, {on_disk / 1e6:.0f} MB on disk")  # fmt: skip
-        print(f"cores: {len(os.sched_getaffinity(0))}")
+        print(f"cores: {len(os.sched_getaffinity(0))}, bytecode cache {bytecode_state()}")
         print(f"json.loads of all headers (reference): {t_json:.3f} s")
         print(f"validate_path --no-hash (in process):  {t_val:.3f} s  ratio {t_val / t_json:.1f}x")
         print(f"exl3tool validate --no-hash (CLI):     {t_cli:.3f} s  ratio {t_cli / t_json:.1f}x")
@@ -162,8 +169,9 @@ def main() -> int:
               f"json.loads (issue 17): {'met' if met else 'MISSED'}")  # fmt: skip
         return 0 if proc.returncode == 0 else 1
     finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        for folder in (tmp, cache):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

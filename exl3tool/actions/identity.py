@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,8 @@ def hash_artifact(
     plan = select(build_plan(ckpt), parse_layers(spec) if spec else None)
     if kind is Kind.MSRT_BASE and compat is not False:
         compat = True  # a base's identity is its point; keep it even when defective
-    with progress_bar(planned_bytes(plan, algo, compat), f"hashing ({algo})") as bar:
+    planned = partial(planned_bytes, plan, algo, compat)
+    with progress_bar(planned, f"hashing ({algo})") as bar:
         ident = compute_identity(
             None, algo=algo, selection=spec, threads=threads, progress=bar, compat=compat, plan=plan
         )

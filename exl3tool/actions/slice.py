@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ def run(opts: Options) -> SliceResult:
         opts.tp, opts.mode, opts.layout, shard, opts.force, opts.verify, opts.threads, opts.sha256
     )
     try:
-        with progress_bar(_progress_total(path), "slicing") as bar:
+        with progress_bar(partial(_progress_total, path), "slicing") as bar:
             out = None if opts.dry_run else opts.output
             outcome = slice_artifact(path, out, tp_opts, progress=bar)
     except (PlanRefused, SliceFailed) as exc:

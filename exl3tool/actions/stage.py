@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def run(opts: Options) -> StageResult:
     check_counts(opts.tp, opts.threads)
     adapter, base = resolve_input(opts.adapter), resolve_input(opts.base)
     try:
-        with progress_bar(_total_bytes(adapter), "staging") as bar:
+        with progress_bar(partial(_total_bytes, adapter), "staging") as bar:
             result = stage_cartridge(
                 adapter,
                 base,

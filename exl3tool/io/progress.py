@@ -4,6 +4,9 @@
         ...  # any thread may call
         bar.advance(len(chunk))
 
+The total may be a function, called only when a bar is drawn (an identity's planned bytes
+cost ~0.1 s on 20,000 tensors: nothing to pay for when no bar is shown).
+
 The bar is drawn on stderr only when stderr is a terminal and nobody asked for silence:
 `set_quiet(True)` (commands call it for `--quiet`), `EXL3TOOL_NO_PROGRESS` set, or `TERM=dumb`.
 `NO_COLOR` keeps the bar but drops colour (rich honours it). Otherwise the yielded object is a
@@ -15,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -66,11 +69,16 @@ def enabled() -> bool:
 
 
 @contextmanager
-def progress_bar(total: int, description: str, unit: str = "bytes") -> Iterator[Progress]:
-    """Yield an object with `.advance(n)`; a bar with rate only when `enabled()`."""
+def progress_bar(
+    total: int | Callable[[], int], description: str, unit: str = "bytes"
+) -> Iterator[Progress]:
+    """Yield an object with `.advance(n)`; a bar with rate only when `enabled()` (only then
+    is a callable `total` called)."""
     if not enabled():
         yield NO_PROGRESS
         return
+    if callable(total):
+        total = total()
     from rich.console import Console
     from rich.progress import (
         BarColumn,

@@ -61,3 +61,26 @@ def test_bar_on_a_tty_counts_every_advance_from_threads(monkeypatch: pytest.Monk
             t.join()
         task = bar._progress.tasks[0]  # type: ignore[attr-defined]
         assert task.completed == n_threads * per
+
+
+def test_a_callable_total_is_called_only_when_a_bar_is_drawn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+
+    def total() -> int:
+        calls.append(1)
+        return 40
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with progress.progress_bar(total, "hashing") as bar:
+        bar.advance(10)
+    assert bar is progress.NO_PROGRESS and not calls
+    monkeypatch.delenv("EXL3TOOL_NO_PROGRESS", raising=False)
+    monkeypatch.delenv("TERM", raising=False)
+    monkeypatch.setattr(progress, "_quiet", False)
+    monkeypatch.setattr(sys, "stderr", _Tty())
+    with progress.progress_bar(total, "hashing") as bar:
+        bar.advance(10)
+        assert bar._progress.tasks[0].total == 40  # type: ignore[attr-defined]
+    assert calls == [1]
