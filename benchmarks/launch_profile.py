@@ -49,32 +49,28 @@ def host_us(fn, calls: int, rounds: int = 5) -> float:
     return statistics.median(out)
 
 
-def gpu_us(fn, repeat: int) -> float:
-    """GPU time of one call, its host work hidden behind a sleep."""
+def _event_us(fn, repeat: int, before) -> float:
+    """Median µs between two events around one call, `before()` run ahead of each."""
     out = []
     for _ in range(repeat):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SLEEP_CYCLES // 20)
+        before()
         a.record()
         fn()
         b.record()
         b.synchronize()
         out.append(a.elapsed_time(b) * 1e3)
     return statistics.median(out)
+
+
+def gpu_us(fn, repeat: int) -> float:
+    """GPU time of one call, its host work hidden behind a sleep."""
+    return _event_us(fn, repeat, lambda: torch.cuda._sleep(SLEEP_CYCLES // 20))
 
 
 def per_call_us(fn, repeat: int) -> float:
     """One call between two events on an idle GPU (host work included)."""
-    out = []
-    for _ in range(repeat):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(out)
+    return _event_us(fn, repeat, torch.cuda.synchronize)
 
 
 def main() -> int:
