@@ -16,12 +16,13 @@ import hashlib
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import itemgetter
 from typing import Any
 
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.exl3 import MCG_MARKER, k_of_last_dim
-from exl3tool.formats.names import PROJECTIONS, ExpertPrefixes, parse_expert
+from exl3tool.formats.names import PROJECTIONS, ExpertPrefixes, has_expert_mark, parse_expert
 from exl3tool.formats.tail import config_tail
 from exl3tool.io.strict_json import canonical_json
 
@@ -153,7 +154,8 @@ def prepare(plan: Any, k: int | None = None) -> CompatPlan:
     ks: set[Any] = set()
     by_linear: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     names = ExpertPrefixes()
-    for lt in plan.tensors.values():
+    tensors = plan.tensors  # logical name -> tensor; only a marked name can parse
+    for lt in compress(tensors.values(), map(has_expert_mark, tensors)):
         got = names.parts(lt.name)
         if got is None:
             continue

@@ -20,6 +20,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from itertools import islice
+from operator import methodcaller
 
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.identity.engine import Segment, tensor_segment
@@ -30,6 +31,8 @@ RANKED_RE = re.compile(
     r"\.(?P<proj>gate_proj|up_proj|down_proj))\.rank(?P<rank>0|[1-9][0-9]*)"
     r"\.(?P<field>[A-Za-z0-9][A-Za-z0-9_-]*)$"
 )
+_RANK = ".rank"  # in every name RANKED_RE accepts
+_HAS_RANK = methodcaller("__contains__", _RANK)
 _SPLIT: dict[tuple[str, str], int] = {
     ("gate_proj", "trellis"): 1,
     ("up_proj", "trellis"): 1,
@@ -203,8 +206,11 @@ def _build_plan(ckpt: Checkpoint) -> LogicalPlan:
     ranked: dict[str, dict[int, TensorRef]] = {}
     plain: dict[str, TensorRef] = {}
     meta: dict[str, tuple[str, str]] = {}
+    if not any(map(_HAS_RANK, ckpt.tensors)):  # no rank slice at all: one C-level pass
+        plan.tensors = dict(sorted(_plain_tensors(ckpt.tensors).items()))
+        return plan
     for name, ref in ckpt.tensors.items():
-        m = RANKED_RE.match(name) if ".rank" in name else None  # substring test: 10^6 names
+        m = RANKED_RE.match(name) if _RANK in name else None  # substring test: 10^6 names
         if m is None:
             plain[name] = ref
             continue

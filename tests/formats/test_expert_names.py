@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exl3tool.formats.names import ExpertPrefixes, parse_expert
+from exl3tool.formats.names import EXPERT_MARK, ExpertPrefixes, has_expert_mark, parse_expert
 
 _PARTS = st.sampled_from(
     ["model", "layers", "mlp", "experts", "0", "3", "07", "12", "gate_proj", "up_proj",
@@ -51,6 +51,8 @@ def test_expert_prefixes_agree_with_parse_expert(names: list[str]) -> None:
         assert cache.parse(name) == _reference(name), name
         en = parse_expert(name)
         assert cache.parts(name) == (en and (en.layer, en.expert, en.proj, en.field)), name
+        if en is not None:  # what `compat.prepare` relies on to skip other names unparsed
+            assert has_expert_mark(name) and EXPERT_MARK in name, name
 
 
 def test_expert_prefixes_examples() -> None:
@@ -60,3 +62,16 @@ def test_expert_prefixes_examples() -> None:
     assert cache.parse("model.layers.3.mlp.experts.7.up_proj.rank2") == (3, None, "rank2")
     assert cache.parse("model.layers.3.mlp.experts.7.up_proj.svh\n") == (3, None, "svh")
     assert cache.parse("model.layers.03.mlp.experts.7.up_proj.svh") is None
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(_PARTS, max_size=10), st.lists(_PARTS, max_size=4))
+def test_no_name_without_the_mark_parses(head: list[str], tail: list[str]) -> None:
+    """A name without `.mlp.experts.` (here: the mark's dots or words dropped or changed) is
+    never an expert's, however the rest reads."""
+    for name in (".".join(head + tail), ".".join(["model", "layers", "3", *tail])):
+        if not has_expert_mark(name):
+            assert parse_expert(name) is None, name
+            assert ExpertPrefixes().parts(name) is None, name
+    near = "model.layers.3.mlp_experts.7.up_proj.trellis"
+    assert not has_expert_mark(near) and parse_expert(near) is None
