@@ -186,6 +186,7 @@ def compat_identity(
     progress: Any = None,
     plan: Any = None,
     sha256: Mapping[str, str] | None = None,
+    prepared: CompatPlan | None = None,
 ) -> CompatIdentity:
     """Compute the §6 identity from the routed-expert tensors of a checkpoint.
 
@@ -193,7 +194,7 @@ def compat_identity(
     uniform K, and a legacy rank-sliced artifact (slices are reassembled). Defects become
     `problems`; digests are still computed for what is present when K is known.
     `plan` reuses an `identity.logical.LogicalPlan` (then `ckpt` may be None); `sha256` reuses
-    payload digests already computed by logical name.
+    payload digests already computed by logical name; `prepared`: `prepare(plan, k)`, done.
     """
     from exl3tool.identity.engine import hash_segments, shard_stamps
     from exl3tool.identity.logical import build_plan
@@ -201,21 +202,22 @@ def compat_identity(
     if plan is None:
         assert ckpt is not None
         plan = build_plan(runtime_view(ckpt))
-    cp = prepare(plan, k)
+    cp = prepared if prepared is not None else prepare(plan, k)
     ident = CompatIdentity(cp.k, problems=cp.problems)
     if cp.k is None or not cp.tensors:
         return ident
     known = dict(sha256 or {})
     todo = [lt for lt in cp.tensors if lt.name not in known]
-    known.update(
-        hash_segments(
-            ((lt.name, lt.segments) for lt in todo),
-            "sha256",
-            threads,
-            progress,
-            shard_stamps(ckpt.shards.values()) if ckpt is not None else None,
+    if todo:
+        known.update(
+            hash_segments(
+                ((lt.name, lt.segments) for lt in todo),
+                "sha256",
+                threads,
+                progress,
+                shard_stamps(ckpt.shards.values()) if ckpt is not None else None,
+            )
         )
-    )
     records: dict[int, list[dict[str, Any]]] = {}
     for lt, (layer, _, _, fld) in zip(cp.tensors, cp.parts, strict=True):
         digest = known[lt.name]

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
+from itertools import compress
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -325,6 +326,7 @@ class _Worker:
         track: _Tracker,
         stop: list[BaseException],
         drop_span: int = MAP_BATCH,
+        second: _Second | None = None,
     ) -> None:
         self.files = files
         self.drop_span = drop_span  # bytes hashed from a mapping between page drops
@@ -332,6 +334,7 @@ class _Worker:
         self.algo = algo
         self.track = track
         self.stop = stop  # the pool's errors: non-empty once any worker failed
+        self.second = second
         self._free: list[bytearray] = []
 
     def _buffer(self, size: int) -> bytearray:
@@ -369,6 +372,9 @@ class _Worker:
         due = b.lo + MAP_WINDOW if leased is not None else 1 << 62
         span = self.drop_span if leased is not None else 1 << 62
         kept = b.lo  # the pages of [kept, ...) were not dropped yet
+        second = self.second
+        wanted = second.wanted if second is not None else None
+        twice = 0  # bytes also hashed by the second algorithm
         try:
             for k in b.jobs:
                 at = k >> _START_SHIFT
@@ -379,10 +385,16 @@ class _Worker:
                     leased.drop(kept, at)
                     kept = at
                 at -= lo
-                out[k & job_mask] = ctor(view[at : at + ((k >> _SIZE_SHIFT) & mask)]).hexdigest()
+                job = k & job_mask
+                data = view[at : at + ((k >> _SIZE_SHIFT) & mask)]
+                out[job] = ctor(data).hexdigest()
+                if wanted is not None and wanted[job]:  # the bytes again, still in cache
+                    second.out[job] = second.ctor(data).hexdigest()  # type: ignore[union-attr]
+                    twice += len(data)
         finally:
             if leased is not None:
                 leased.drop(kept, b.hi)
+            self.track.note(twice)
 
     def _limits(self, segments: Sequence[Segment]) -> dict[Path, int]:
         """Where each file's reads for this job end (a window never reads past it)."""
@@ -394,15 +406,19 @@ class _Worker:
             limit[path] = max(limit.get(path, 0), end)
         return limit
 
-    def job(self, segments: Sequence[Segment], hasher_threads: int) -> str:
+    def job(
+        self, segments: Sequence[Segment], hasher_threads: int, both: bool = False
+    ) -> tuple[str, str | None]:
         """Segments hashed in order through one window per file: rank slices interleave rows
         of several files, and each file is read one window at a time, not row by row. A
         leased file's window is a range of its mapping; its lease is checked when the window
-        moves and again after every MAP_WINDOW bytes the job hashed since."""
+        moves and again after every MAP_WINDOW bytes the job hashed since. Returns the digest
+        and, when `both`, that of the pool's second algorithm over the same bytes."""
         limit = self._limits(segments)
         size = READ if hasher_threads == 1 else MT_READ
         span = MAP_WINDOW if hasher_threads == 1 else MT_READ
         h = new_hasher(self.algo, hasher_threads)
+        h2 = new_hasher(self.second.algo) if both and self.second is not None else None
         bufs: dict[Path, bytearray] = {}
         wins: dict[Path, tuple[int, int, memoryview, int]] = {}  # lo, hi, view, checked at
         done = 0  # bytes this job hashed so far
@@ -432,7 +448,9 @@ class _Worker:
                         wins[path] = (lo, hi, view, done)
                     take = min(end, hi)
                     h.update(view[pos - lo : take - lo])
-                    self.track.note(take - pos)
+                    if h2 is not None:
+                        h2.update(view[pos - lo : take - lo])
+                    self.track.note((take - pos) * (1 if h2 is None else 2))
                     done += take - pos
                     pos = take
         finally:
@@ -444,10 +462,19 @@ class _Worker:
             wins.clear()
             if size == READ:
                 self._free += bufs.values()
-        return h.hexdigest()
+        return h.hexdigest(), None if h2 is None else h2.hexdigest()
 
 
 _NO_WINDOW: tuple[int, int, memoryview, int] = (0, 0, memoryview(b""), 0)
+
+
+class _Second(NamedTuple):
+    """A second algorithm over some jobs' bytes, hashed from the same reads."""
+
+    algo: str
+    ctor: Any
+    wanted: bytearray  # 1 at the index of each job it covers
+    out: list[Any]  # its digests by job index
 
 
 def hash_segments(
@@ -466,10 +493,42 @@ def hash_segments(
     read; a file that differs at open, or whose open file or path differs after hashing, is
     InputChanged.
     """
+    return _hash(jobs, algo, threads, progress, expected)[0]
+
+
+def hash_segments_twice(
+    jobs: Iterable[tuple[K, Sequence[Segment]]],
+    algo: str,
+    second: str,
+    also: Collection[K],
+    threads: int | None = None,
+    progress: Progress | None = None,
+    expected: dict[Path, FileStamp] | None = None,
+) -> tuple[dict[K, str], dict[K, str]]:
+    """`hash_segments` with `algo`, and `second`'s digests of the jobs keyed in `also` from the
+    same reads (each tensor's bytes hashed again while they are in the core's cache, not read
+    in a second pass). A progress bar advances by the bytes of both."""
+    check_algo(second)
+    return _hash(jobs, algo, threads, progress, expected, (second, also))
+
+
+def _hash(
+    jobs: Iterable[tuple[K, Sequence[Segment]]],
+    algo: str,
+    threads: int | None,
+    progress: Progress | None,
+    expected: dict[Path, FileStamp] | None,
+    also: tuple[str, Collection[K]] | None = None,
+) -> tuple[dict[K, str], dict[K, str]]:
     ctor = _constructor(algo)
     threads = max(1, threads or default_threads())
     prog = progress or NO_PROGRESS
     plan = _plan(jobs, algo, threads)
+    second = None
+    if also is not None:
+        keys = also[1] if isinstance(also[1], set | frozenset | dict) else set(also[1])
+        wanted = bytearray(map(keys.__contains__, plan.keys))
+        second = _Second(also[0], _constructor(also[0]), wanted, [None] * len(plan.keys))
     files = _open_all(plan.paths, expected)
     digests: list[Any] = [None] * len(plan.keys)
     errors: list[BaseException] = []
@@ -478,7 +537,7 @@ def hash_segments(
     lock = threading.Lock()
 
     def worker() -> None:
-        w = _Worker(files, ctor, algo, _Tracker(prog), errors, _drop_span(threads))
+        w = _Worker(files, ctor, algo, _Tracker(prog), errors, _drop_span(threads), second)
         while not errors:
             with lock:
                 unit = next(queue, None)
@@ -488,7 +547,11 @@ def hash_segments(
                 if type(unit) is _Batch:
                     w.batch(unit, digests)
                 else:
-                    digests[unit.index] = w.job(plan.large[unit.index], unit.threads)
+                    i = unit.index
+                    both = second is not None and bool(second.wanted[i])
+                    digests[i], again = w.job(plan.large[i], unit.threads, both)
+                    if both:
+                        second.out[i] = again  # type: ignore[union-attr]
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
                 break
@@ -506,7 +569,11 @@ def hash_segments(
             f.verify_unchanged()
     finally:
         _close_all(files)
-    return dict(zip(plan.keys, digests, strict=True))
+    out = dict(zip(plan.keys, digests, strict=True))
+    if second is None:
+        return out, {}
+    flags = second.wanted
+    return out, dict(zip(compress(plan.keys, flags), compress(second.out, flags), strict=True))
 
 
 def hash_tensors(

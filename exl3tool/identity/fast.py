@@ -22,6 +22,7 @@ from exl3tool.identity.engine import (
     Segment,
     check_algo,
     hash_segments,
+    hash_segments_twice,
     new_hasher,
     shard_stamps,
     tensor_segment,
@@ -223,17 +224,48 @@ def compute_identity(
         plan = build_plan(ckpt)
     plan = select(plan, layers)
     stamps = shard_stamps(ckpt.shards.values()) if ckpt is not None else None
+    block = _compat_block(ckpt, plan, compat)
     with paused_gc():
-        digests = hash_segments(_iter_jobs(plan), algo, threads, progress, stamps)
+        if block is not None and block is not _DROPPED and block.tensors and algo != "sha256":
+            also = {lt.name for lt in block.tensors}  # their sha256 from the same reads
+            digests, sha = hash_segments_twice(
+                _iter_jobs(plan), algo, "sha256", also, threads, progress, stamps
+            )
+        else:
+            digests, sha = hash_segments(_iter_jobs(plan), algo, threads, progress, stamps), None
         ident = identity_from_digests(plan, digests, algo, selection=selection)
-    if compat is not False:
-        from exl3tool.identity.compat import compat_identity, stray_ranks
+    if compat is not False and block is not _DROPPED:
+        from exl3tool.identity.compat import compat_identity
 
-        sha = {n: t.digest for n, t in ident.tensors.items()} if algo == "sha256" else None
-        if ckpt is not None and stray_ranks(ckpt):  # the runtime's view: rank0 only
+        if algo == "sha256":
+            sha = {n: t.digest for n, t in ident.tensors.items()}
+        if block is None:  # an MSRT base with stray ranks: the runtime's view, rank0 only
             c = compat_identity(ckpt, threads=threads, progress=progress)
         else:
-            c = compat_identity(None, threads=threads, progress=progress, plan=plan, sha256=sha)
+            c = compat_identity(
+                None, threads=threads, progress=progress, plan=plan, sha256=sha, prepared=block
+            )
         if c.root is not None and (compat or not c.problems):
             ident.compatibility = c
     return ident
+
+
+def _compat_block(ckpt: Checkpoint | None, plan: LogicalPlan, compat: bool | None) -> Any:
+    """The compatibility block's prepared plan when it is computed from `plan` (its tensors
+    then get their sha256 in the identity's own pass); None when it comes from the runtime's
+    view of the checkpoint instead; `_DROPPED` when it is not wanted or could only be dropped
+    (`compat` None and problems found before any hashing: `compute_identity` keeps a block
+    with problems only when asked for it)."""
+    if compat is False:
+        return _DROPPED
+    from exl3tool.identity.compat import prepare, stray_ranks
+
+    if ckpt is not None and stray_ranks(ckpt):
+        return None
+    block = prepare(plan)
+    if block.k is None or (compat is None and block.problems):
+        return _DROPPED
+    return block
+
+
+_DROPPED: Any = object()

@@ -136,3 +136,76 @@ def test_cached_identity_is_computed_once_for_concurrent_callers(
     for t in threads:
         t.join()
     assert len(calls) == 1 and len(out) == 4 and all(o is out[0] for o in out)
+
+
+def _advanced() -> tuple[list[int], object]:
+    seen: list[int] = []
+
+    class Bar:
+        def advance(self, n: int = 1) -> None:
+            seen.append(n)
+
+    return seen, Bar()
+
+
+def _passes(monkeypatch) -> list[str]:
+    """Every hashing pass of the engine from now on: its algorithm, `+second` when fused."""
+    from exl3tool.identity import engine
+
+    passes: list[str] = []
+    real = engine._hash
+
+    def counted(jobs, algo, threads, progress, expected, also=None):
+        passes.append(algo if also is None else f"{algo}+{also[0]}")
+        return real(jobs, algo, threads, progress, expected, also)
+
+    monkeypatch.setattr(engine, "_hash", counted)
+    return passes
+
+
+def test_the_identity_pass_gives_the_block_its_sha256(tmp_path: Path, monkeypatch) -> None:
+    """`compute_identity` hashes the block's tensors with sha256 in its own blake3 pass: the
+    block equals the one computed on its own, the vector included, no second pass is made,
+    and a progress bar ends at its planned total."""
+    from exl3tool.identity import fast
+    from exl3tool.identity.logical import build_plan
+
+    t = {**_vector_tensors(), "model.norm.weight": np.ones(8, np.float16)}
+    write_checkpoint(tmp_path / "v", t)
+    write_checkpoint(tmp_path / "mix", expert_tensors([0, 2], 3, k=4), shards=2)
+    for d in ("v", "mix"):
+        ckpt = load_checkpoint(tmp_path / d, Findings())
+        alone = compat_identity(ckpt)
+        assert alone.root is not None and alone.problems == []
+        passes = _passes(monkeypatch)
+        seen, bar = _advanced()
+        ident = fast.compute_identity(ckpt, algo="blake3", progress=bar)
+        monkeypatch.undo()
+        assert passes == ["blake3+sha256"]
+        c = ident.compatibility
+        assert c is not None and (c.k, c.layers, c.root) == (alone.k, alone.layers, alone.root)
+        assert c.problems == []
+        assert sum(seen) == fast.planned_bytes(build_plan(ckpt), "blake3")
+        plain = fast.compute_identity(ckpt, algo="blake3", compat=False)
+        assert (ident.tensors, ident.root) == (plain.tensors, plain.root)
+        if d == "v":
+            assert (c.layers, c.root) == ({"3": LAYER_3}, ROOT)
+
+
+def test_a_block_that_would_be_dropped_is_not_hashed(tmp_path: Path, monkeypatch) -> None:
+    """Without `compat=True`, a block with problems found before hashing is dropped: its
+    tensors are not hashed with sha256 at all; with it, the block is kept with its problems."""
+    from exl3tool.identity import fast
+
+    t = _vector_tensors()
+    del t["model.layers.3.mlp.experts.0.up_proj.rank0.svh"]
+    write_shard(tmp_path / "m.safetensors", t)
+    ckpt = load_checkpoint(tmp_path / "m.safetensors", Findings())
+    passes = _passes(monkeypatch)
+    assert fast.compute_identity(ckpt, algo="blake3").compatibility is None
+    assert passes == ["blake3"]
+    kept = fast.compute_identity(ckpt, algo="blake3", compat=True).compatibility
+    assert passes == ["blake3", "blake3+sha256"]
+    assert kept is not None and any("lacks svh" in p.message for p in kept.problems)
+    monkeypatch.undo()
+    assert kept.root == compat_identity(ckpt).root

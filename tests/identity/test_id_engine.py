@@ -12,7 +12,14 @@ import pytest
 from identity_fixtures import write_shard
 
 from exl3tool.identity import engine
-from exl3tool.identity.engine import Segment, hash_files, hash_segments, hash_tensors, new_hasher
+from exl3tool.identity.engine import (
+    Segment,
+    hash_files,
+    hash_segments,
+    hash_segments_twice,
+    hash_tensors,
+    new_hasher,
+)
 from exl3tool.io.safetensors import read_header
 from exl3tool.rules.errors import UsageError
 from exl3tool.rules.registry import Findings
@@ -86,6 +93,49 @@ def test_interleaved_segments_of_several_files(
     raw = {a: a.read_bytes(), b: b.read_bytes()}
     want = {k: REF[algo](b"".join(raw[p][s:e] for p, s, e in segs)) for k, segs in jobs}
     assert hash_segments(jobs, algo, threads=3) == want
+
+
+@pytest.mark.parametrize("lease", [True, False])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_second_algorithm_from_the_same_reads(
+    tmp_path: Path, shard: Path, lease: bool, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """blake3 of every job and sha256 of the chosen ones: batched small tensors, a large one,
+    several segments, a multi-threaded blake3 job; the same digests as two passes, only the
+    chosen keys in the second, and progress counts the bytes of both."""
+    monkeypatch.setattr(engine, "READ", 4096)
+    monkeypatch.setattr(engine, "SMALL", 2048)
+    monkeypatch.setattr(engine, "MT_READ", 65536)
+    monkeypatch.setattr(engine, "MT_MIN", 1024)
+    monkeypatch.setattr(engine, "MAP_BATCH", 16384)
+    if not lease:
+        monkeypatch.setenv("EXL3TOOL_NO_LEASE", "1")
+    rng = np.random.default_rng(3)
+    sizes = [*rng.integers(0, 3000, 40), 0, 60_000, 150_000, 250_000]
+    path = tmp_path / "mix.safetensors"
+    write_shard(path, {f"t{i}": rng.integers(0, 255, int(n), dtype=np.uint8)
+                       for i, n in enumerate(sizes)})  # fmt: skip
+    st = read_header(path, Findings())
+    assert st is not None
+    jobs: list[tuple[object, list[Segment]]] = [
+        (n, [Segment(path, *st.span(n))]) for n in st.tensors
+    ]
+    jobs.append((("two", 0), [Segment(path, 100, 5000), Segment(shard, 7, 9)]))
+    chosen = {k for i, (k, _) in enumerate(jobs) if i % 3 != 1}
+    counter = Counter()
+    first, second = hash_segments_twice(
+        jobs, "blake3", "sha256", chosen, threads=threads, progress=counter
+    )
+    assert first == hash_segments(jobs, "blake3", threads=threads)
+    want = hash_segments([j for j in jobs if j[0] in chosen], "sha256", threads=threads)
+    assert second == want and set(second) == chosen
+    size = {k: sum(s.nbytes for s in segs) for k, segs in jobs}
+    assert counter.n == sum(size.values()) + sum(size[k] for k in chosen)
+
+
+def test_a_second_algorithm_is_checked(shard: Path) -> None:
+    with pytest.raises(UsageError):
+        hash_segments_twice([("x", [Segment(shard, 0, 8)])], "blake3", "md5", {"x"})
 
 
 @pytest.mark.parametrize("algo", ["sha256", "blake3"])
