@@ -223,17 +223,29 @@ def compute_identity(
         assert ckpt is not None
         plan = build_plan(ckpt)
     plan = select(plan, layers)
+    with paused_gc():  # per-tensor records, digests and the block's: no cycle among them
+        return _identity(ckpt, plan, algo, selection, threads, progress, compat)
+
+
+def _identity(
+    ckpt: Checkpoint | None,
+    plan: LogicalPlan,
+    algo: str,
+    selection: str | None,
+    threads: int | None,
+    progress: Any,
+    compat: bool | None,
+) -> Identity:
     stamps = shard_stamps(ckpt.shards.values()) if ckpt is not None else None
     block = _compat_block(ckpt, plan, compat)
-    with paused_gc():
-        if block is not None and block is not _DROPPED and block.tensors and algo != "sha256":
-            also = {lt.name for lt in block.tensors}  # their sha256 from the same reads
-            digests, sha = hash_segments_twice(
-                _iter_jobs(plan), algo, "sha256", also, threads, progress, stamps
-            )
-        else:
-            digests, sha = hash_segments(_iter_jobs(plan), algo, threads, progress, stamps), None
-        ident = identity_from_digests(plan, digests, algo, selection=selection)
+    if block is not None and block is not _DROPPED and block.tensors and algo != "sha256":
+        also = {lt.name for lt in block.tensors}  # their sha256 from the same reads
+        digests, sha = hash_segments_twice(
+            _iter_jobs(plan), algo, "sha256", also, threads, progress, stamps
+        )
+    else:
+        digests, sha = hash_segments(_iter_jobs(plan), algo, threads, progress, stamps), None
+    ident = identity_from_digests(plan, digests, algo, selection=selection)
     if compat is not False and block is not _DROPPED:
         from exl3tool.identity.compat import compat_identity
 
