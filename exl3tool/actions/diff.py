@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from exl3tool.actions.inputs import resolve_input
+from exl3tool.io.gcpause import paused_gc
 from exl3tool.rules.errors import InputError, UsageError
 from exl3tool.rules.registry import Findings
 
@@ -61,7 +62,9 @@ def _identity_doc(path: Path, algo: str, threads: int | None) -> tuple[dict[str,
 
     check_readable(path)
     hashed = hash_artifact(path, algo, None, threads, None)
-    return hashed.identity.to_json(), anchor(path, Findings(hashed.container.errors()))
+    with paused_gc():  # two dicts per tensor
+        doc = hashed.identity.to_json()
+    return doc, anchor(path, Findings(hashed.container.errors()))
 
 
 def run(opts: Options) -> DiffResult:

@@ -12,6 +12,7 @@ from exl3tool.actions.inputs import resolve_input
 from exl3tool.actions.validate import CHECKPOINT_KINDS, anchor, check_readable
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect
+from exl3tool.io.gcpause import paused_gc
 from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules.registry import Findings
@@ -124,7 +125,8 @@ def run(opts: Options) -> InspectResult:
         from exl3tool.actions.inspect_plot import require_matplotlib
 
         require_matplotlib()
-    result = describe(resolve_input(opts.path))
+    with paused_gc():  # per-tensor tables, no cycle among them
+        result = describe(resolve_input(opts.path))
     if opts.plot is not None and not result.findings:
         from exl3tool.actions.inspect_plot import plot_k
 
