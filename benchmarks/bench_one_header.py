@@ -5,7 +5,8 @@
 Builds `model.safetensors` with N small F16 vectors (`model.layers.L.experts.E.wJ`, 16 bytes
 each, random bytes; 10^6 of them stay under the 100 MB header limit) in a child process, then
 times as child processes, in the same run: a bare `json.loads` of the header (the floor),
-`exl3tool validate --no-hash`, `exl3tool identity --algo blake3` and `--algo sha256`. Prints
+`exl3tool validate --no-hash`, `exl3tool identity --algo blake3` and `--algo sha256` (text
+output), and `exl3tool identity --format json` (the whole record on stdout). Prints
 wall seconds, CPU seconds, µs per tensor and peak RSS (wait4) per row. Targets at 10^6:
 validate < 5 s, identity < 10 s, both < 1 GB. The file has no trellis, so validate exits 1
 with one finding (EX017); what is timed is the header and the per-tensor checks.
@@ -94,6 +95,13 @@ def main() -> None:
                 "validate --no-hash": [*exl, "validate", "--no-hash", str(f)],
                 "identity --algo blake3": [*exl, "identity", "--algo", "blake3", str(f)],
                 "identity --algo sha256": [*exl, "identity", "--algo", "sha256", str(f)],
+                "identity --format json (the record)": [
+                    *exl,
+                    "identity",
+                    "--format",
+                    "json",
+                    str(f),
+                ],
             }
             for label, cmd in rows.items():
                 dt, cpu, rss = timed(cmd, args.repeat)

@@ -72,7 +72,7 @@ def identity_body(
 ) -> int:
     """`exl3tool identity`'s work once its arguments are parsed; the exit code."""
     from exl3tool.actions import identity as action
-    from exl3tool.report.identity import finding_lines, identity_json, identity_text
+    from exl3tool.report.identity import finding_lines, identity_json_chunks, identity_text
     from exl3tool.report.render import check_output, write_output
 
     fmt = _format(fmt, output, check_file is not None)
@@ -85,7 +85,7 @@ def identity_body(
         return _render_check(result, fmt, output, force)
     if result.identity is not None:
         ident = result.identity
-        text = identity_json(ident) if fmt == "json" else identity_text(ident, result.path)
+        text = identity_json_chunks(ident) if fmt == "json" else identity_text(ident, result.path)
         write_output(output, text, force=force)
     sys.stderr.write(finding_lines(result.findings))
     if result.identity is None:

@@ -57,14 +57,15 @@ class Identity:
     def layer_tensors(self, key: str) -> list[str]:
         return [n for n in self.tensors if layer_key(n) == key]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, per_tensor: bool = True) -> dict[str, Any]:
+        """The record (schemas/exl3tool-identity-1.schema.json); `per_tensor=False` leaves its
+        "tensors" and "types" maps empty (report/identity streams them)."""
+        items = self.tensors.items() if per_tensor else ()
         doc: dict[str, Any] = {
             "schema": SCHEMA,
             "algorithm": self.algorithm,
-            "tensors": {n: t.digest for n, t in self.tensors.items()},
-            "types": {
-                n: {"dtype": t.dtype, "shape": list(t.shape)} for n, t in self.tensors.items()
-            },
+            "tensors": {n: t.digest for n, t in items},
+            "types": {n: {"dtype": t.dtype, "shape": list(t.shape)} for n, t in items},
             "layers": dict(self.layers),
             "root": self.root,
         }

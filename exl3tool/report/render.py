@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from exl3tool.report.model import Report
@@ -38,14 +39,19 @@ def check_output(output: Path | None, force: bool) -> None:
         raise OutputError(f"{output} exists; pass --force to replace it")
 
 
-def write_output(output: Path | None, text: str, *, force: bool = False) -> None:
-    """`text` to stdout, or atomically into `output` (never replacing it without --force)."""
+def write_output(output: Path | None, text: str | Iterable[str], *, force: bool = False) -> None:
+    """`text` (or its pieces, in order) to stdout, or atomically into `output` (never
+    replacing it without --force)."""
+    pieces = (text,) if isinstance(text, str) else text
     if output is None:
-        sys.stdout.write(text)
+        for piece in pieces:
+            sys.stdout.write(piece)
         return
-    from exl3tool.io.atomic import write_bytes_atomic  # tempfile and shutil: only for -o
+    from exl3tool.io.atomic import atomic_file  # tempfile and shutil: only for -o
 
-    write_bytes_atomic(Path(output), text.encode(), force=force)
+    with atomic_file(Path(output), force=force) as fh:
+        for piece in pieces:
+            fh.write(piece.encode())
 
 
 def emit(
