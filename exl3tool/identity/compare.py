@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from exl3tool.identity.compat import CompatIdentity
 
 _HEX = frozenset("0123456789abcdef")
+_HEX_BYTES = b"0123456789abcdef"
 
 
 def _is_hex(v: Any, n: int = 64) -> bool:
@@ -25,7 +27,20 @@ def _is_hex(v: Any, n: int = 64) -> bool:
 
 
 def _hex_map(v: Any) -> bool:
-    return isinstance(v, dict) and all(_is_hex(d) for d in v.values())
+    """Every value a 64-digit lower-case hex string: C-level passes over all of them at once
+    (a record of 10^6 tensors), not a test per value."""
+    if not isinstance(v, dict):
+        return False
+    values = v.values()
+    if not all(issubclass(t, str) for t in set(map(type, values))):
+        return False
+    if values and set(map(len, values)) != {64}:
+        return False
+    try:
+        digits = "".join(values).encode("ascii")
+    except UnicodeEncodeError:
+        return False
+    return not digits.translate(None, _HEX_BYTES)  # nothing left once hex digits are dropped
 
 
 def record_problem(doc: Any) -> str | None:
@@ -64,10 +79,16 @@ def record_problem(doc: Any) -> str | None:
     return None
 
 
+# A record holds ~210-300 bytes per tensor: `identity` writes ~210 MB for one 10^6-tensor
+# header, beyond the 64 MiB other JSON documents may have. This bounds ~2 x 10^6 tensors
+# (parsed: about three times the text in memory).
+RECORD_MAX_BYTES = 512 << 20
+
+
 def load_record(path: Path, findings: Findings) -> dict[str, Any] | None:
     """Read an identity document; every defect is an ID009/JS finding."""
     try:
-        doc = read_json(path, findings, str(path))
+        doc = read_json(path, findings, str(path), max_bytes=RECORD_MAX_BYTES)
     except OSError as exc:
         raise InputError(f"{path}: {exc.strerror or exc}") from exc
     if doc is None:
@@ -90,32 +111,10 @@ def problem_findings(ident: Identity, findings: Findings, label: str) -> None:
 
 def check(recorded: dict[str, Any], ident: Identity, findings: Findings, label: str) -> None:
     """Report every tensor, layer, root and compatibility difference as a finding."""
-    cur = ident.to_json()
-    rt, ct = recorded["tensors"], cur["tensors"]
-    rtypes, ctypes = recorded.get("types") or {}, cur["types"]
-    for name in sorted(rt.keys() | ct.keys()):
-        if name not in ct:
-            findings.add(ir.ID_TENSOR_MISSING, "recorded but absent", file=label, tensor=name)
-        elif name not in rt:
-            findings.add(ir.ID_TENSOR_UNEXPECTED, "not in the record", file=label, tensor=name)
-        else:
-            if rt[name] != ct[name]:
-                findings.add(
-                    ir.ID_TENSOR_DIGEST,
-                    f"{cur['algorithm']} {ct[name]}, recorded {rt[name]}",
-                    file=label,
-                    tensor=name,
-                )
-            if name in rtypes and rtypes[name] != ctypes[name]:
-                a, b = rtypes[name], ctypes[name]
-                findings.add(
-                    ir.ID_TENSOR_TYPE,
-                    f"{b.get('dtype')}{b.get('shape')}, recorded "
-                    f"{a.get('dtype') if isinstance(a, dict) else a}"
-                    f"{a.get('shape') if isinstance(a, dict) else ''}",
-                    file=label,
-                    tensor=name,
-                )
+    cur = ident.to_json(per_tensor=False)
+    rt, rtypes = recorded["tensors"], recorded.get("types") or {}
+    if not _same_tensors(rt, rtypes, ident):
+        _tensor_findings(rt, rtypes, ident, findings, label)
     rl, cl = recorded["layers"], cur["layers"]
     for key in sorted(
         rl.keys() | cl.keys(), key=lambda k: (k == OTHER, int(k) if k.isdigit() else 0)
@@ -144,6 +143,63 @@ def check(recorded: dict[str, Any], ident: Identity, findings: Findings, label: 
                     ir.ID_COMPAT,
                     f"root {cc['root']} (k={cc['k']}), recorded {rc['root']} (k={rc.get('k')})",
                     file=label,
+                )
+
+
+_DTYPE, _SHAPE, _DIGEST = attrgetter("dtype"), attrgetter("shape"), attrgetter("digest")
+
+
+def _same_tensors(rt: Any, rtypes: Any, ident: Identity) -> bool:
+    """Whether the record's tensor digests and types are the identity's, without a finding to
+    make: C-level passes over the names in order (a record of 10^6 tensors). False whenever
+    anything differs or is malformed; the per-name comparison then says what."""
+    cur = ident.tensors
+    if type(rt) is not dict or list(rt) != list(cur):
+        return False
+    values = cur.values()
+    if list(rt.values()) != list(map(_DIGEST, values)):
+        return False
+    if not rtypes:
+        return True
+    if type(rtypes) is not dict or list(rtypes) != list(cur):
+        return False
+    try:
+        dtypes = list(map(itemgetter("dtype"), rtypes.values()))
+        shapes = list(map(itemgetter("shape"), rtypes.values()))
+    except (KeyError, TypeError):
+        return False
+    if any(len(t) != 2 for t in rtypes.values()) or dtypes != list(map(_DTYPE, values)):
+        return False
+    return shapes == list(map(list, map(_SHAPE, values)))
+
+
+def _tensor_findings(
+    rt: dict[str, Any], rtypes: dict[str, Any], ident: Identity, findings: Findings, label: str
+) -> None:
+    cur = ident.to_json()
+    ct, ctypes = cur["tensors"], cur["types"]
+    for name in sorted(rt.keys() | ct.keys()):
+        if name not in ct:
+            findings.add(ir.ID_TENSOR_MISSING, "recorded but absent", file=label, tensor=name)
+        elif name not in rt:
+            findings.add(ir.ID_TENSOR_UNEXPECTED, "not in the record", file=label, tensor=name)
+        else:
+            if rt[name] != ct[name]:
+                findings.add(
+                    ir.ID_TENSOR_DIGEST,
+                    f"{cur['algorithm']} {ct[name]}, recorded {rt[name]}",
+                    file=label,
+                    tensor=name,
+                )
+            if name in rtypes and rtypes[name] != ctypes[name]:
+                a, b = rtypes[name], ctypes[name]
+                findings.add(
+                    ir.ID_TENSOR_TYPE,
+                    f"{b.get('dtype')}{b.get('shape')}, recorded "
+                    f"{a.get('dtype') if isinstance(a, dict) else a}"
+                    f"{a.get('shape') if isinstance(a, dict) else ''}",
+                    file=label,
+                    tensor=name,
                 )
 
 
@@ -246,6 +302,8 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> Diff:
     )
     ta, tb = a["tensors"], b["tensors"]
     ya, yb = a.get("types") or {}, b.get("types") or {}
+    if ta == tb and ya == yb:  # the usual answer, one C-level comparison: no tensor differs
+        return _with_compat(out, a, b)
     out.tensors_only_a = sorted(ta.keys() - tb.keys())
     out.tensors_only_b = sorted(tb.keys() - ta.keys())
     both = sorted(ta.keys() & tb.keys())
@@ -260,6 +318,10 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> Diff:
         ka, kb = _k(ya.get(n)), _k(yb.get(n))
         if ka != kb:
             out.k_changed[prefix if last == "trellis" else n] = (ka, kb)
+    return _with_compat(out, a, b)
+
+
+def _with_compat(out: Diff, a: dict[str, Any], b: dict[str, Any]) -> Diff:
     ca, cb = a.get("compatibility"), b.get("compatibility")
     out.compat = (
         None if ca is None else (ca.get("k"), ca["root"]),
