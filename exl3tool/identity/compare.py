@@ -247,7 +247,15 @@ class Diff:
 
     @property
     def identical(self) -> bool:
-        return self.roots[0] == self.roots[1] and self.compat[0] == self.compat[1]
+        """Same roots and compatibility, and no tensor that differs: a record edited by hand
+        (a digest changed, its root kept) is not identical to the one it came from."""
+        per_tensor = (self.tensors_changed, self.tensors_only_a, self.tensors_only_b)
+        return (
+            self.roots[0] == self.roots[1]
+            and self.compat[0] == self.compat[1]
+            and not any(per_tensor)
+            and not self.types_changed
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -118,3 +118,17 @@ def test_equal_records_diff_to_nothing_and_differences_are_found() -> None:
     b["types"][name]["shape"] = [2, 1, 64]
     d = compare.diff(a, b)
     assert d.types_changed and d.k_changed and not d.tensors_changed
+
+
+def test_a_record_edited_by_hand_is_not_identical() -> None:
+    """A tensor digest changed and the root kept: diff names the tensor and exits 1."""
+    a = json.loads(json.dumps(_identity(6).to_json()))
+    b = copy.deepcopy(a)
+    name = next(iter(b["tensors"]))
+    b["tensors"][name] = _hex(99)
+    d = compare.diff(a, b)
+    assert d.roots[0] == d.roots[1] and d.tensors_changed == [name]
+    assert not d.identical
+    c = copy.deepcopy(a)
+    c["types"][name]["dtype"] = "BF16"
+    assert not compare.diff(a, c).identical
