@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from itertools import compress
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -500,7 +501,7 @@ def hash_segments_twice(
     jobs: Iterable[tuple[K, Sequence[Segment]]],
     algo: str,
     second: str,
-    also: Collection[K],
+    also: AbstractSet[K],
     threads: int | None = None,
     progress: Progress | None = None,
     expected: dict[Path, FileStamp] | None = None,
@@ -518,7 +519,7 @@ def _hash(
     threads: int | None,
     progress: Progress | None,
     expected: dict[Path, FileStamp] | None,
-    also: tuple[str, Collection[K]] | None = None,
+    also: tuple[str, AbstractSet[K]] | None = None,
 ) -> tuple[dict[K, str], dict[K, str]]:
     ctor = _constructor(algo)
     threads = max(1, threads or default_threads())
@@ -526,8 +527,7 @@ def _hash(
     plan = _plan(jobs, algo, threads)
     second = None
     if also is not None:
-        keys = also[1] if isinstance(also[1], set | frozenset | dict) else set(also[1])
-        wanted = bytearray(map(keys.__contains__, plan.keys))
+        wanted = bytearray(map(also[1].__contains__, plan.keys))
         second = _Second(also[0], _constructor(also[0]), wanted, [None] * len(plan.keys))
     files = _open_all(plan.paths, expected)
     digests: list[Any] = [None] * len(plan.keys)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from itertools import islice
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
@@ -38,26 +39,28 @@ def identity_json_chunks(ident: Any, lines: int = 20_000) -> Iterator[str]:
     # at the top level, with the maps empty: `\n  "tensors": {},\n  "types": {},\n`
     before, _, rest = head.partition('\n  "tensors": {},\n  "types": {},\n')
     assert rest, "the record's keys moved"  # to_json's order: schema, algorithm, tensors, types
-    names = list(tensors)
-    keys = list(map(encode_basestring_ascii, names))
+    keys = list(map(encode_basestring_ascii, tensors))
+    digests = (encode_basestring_ascii(t.digest) for t in tensors.values())
     yield before + '\n  "tensors": {'
-    for at in range(0, len(names), lines):
-        part = range(at, min(at + lines, len(names)))
-        yield ("," if at else "") + ",".join(
-            f"\n    {keys[i]}: {encode_basestring_ascii(tensors[names[i]].digest)}" for i in part
-        )
+    yield from _joined(map("\n    {}: {}".format, keys, digests), lines)
     yield '\n  },\n  "types": {'
     kinds: dict[tuple[str, tuple[int, ...]], str] = {}
-    for at in range(0, len(names), lines):
-        out = []
-        for i in range(at, min(at + lines, len(names))):
-            t = tensors[names[i]]
-            kind = kinds.get((t.dtype, t.shape))
-            if kind is None:
-                kind = kinds[(t.dtype, t.shape)] = _type_entry(t.dtype, t.shape)
-            out.append(f"\n    {keys[i]}: {kind}")
-        yield ("," if at else "") + ",".join(out)
+    types = []
+    for t in tensors.values():
+        kind = kinds.get((t.dtype, t.shape))
+        if kind is None:
+            kind = kinds[(t.dtype, t.shape)] = _type_entry(t.dtype, t.shape)
+        types.append(kind)
+    yield from _joined(map("\n    {}: {}".format, keys, types), lines)
     yield "\n  },\n" + rest + "\n"
+
+
+def _joined(rows: Iterator[str], lines: int) -> Iterator[str]:
+    """`",".join(rows)` in pieces of `lines` rows."""
+    first = True
+    while piece := list(islice(rows, lines)):
+        yield ("" if first else ",") + ",".join(piece)
+        first = False
 
 
 def _type_entry(dtype: str, shape: tuple[int, ...]) -> str:
