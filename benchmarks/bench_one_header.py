@@ -6,8 +6,9 @@ Builds `model.safetensors` with N small F16 vectors (`model.layers.L.experts.E.w
 each, random bytes; 10^6 of them stay under the 100 MB header limit) in a child process, then
 times as child processes, in the same run: a bare `json.loads` of the header (the floor),
 `exl3tool validate --no-hash`, `exl3tool identity --algo blake3` and `--algo sha256` (text
-output), and `exl3tool identity --format json` (the whole record on stdout). Prints
-wall seconds, CPU seconds, µs per tensor and peak RSS (wait4) per row. Targets at 10^6:
+output), `exl3tool identity --format json` (the whole record on stdout), and reading that
+record back: `identity --check RECORD` and `diff RECORD RECORD`. Prints wall seconds, CPU
+seconds, µs per tensor, the ratio to the floor's wall time and peak RSS (wait4) per row. Targets at 10^6:
 validate < 5 s, identity < 10 s, both < 1 GB. The file has no trellis, so validate exits 1
 with one finding (EX017); what is timed is the header and the per-tensor checks.
 """
@@ -82,32 +83,34 @@ def main() -> None:
     py = sys.executable
     cores = len(os.sched_getaffinity(0))
     print(f"cores: {cores}, best of {args.repeat}")
-    print("| tensors | command | wall s | CPU s | µs/tensor (wall) | peak RSS MB |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print("| tensors | command | wall s | CPU s | µs/tensor (wall) | × floor | peak RSS MB |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
     work = Path(tempfile.mkdtemp(prefix="bench-one-header-", dir=args.dir))
     try:
         for n in (int(x) for x in args.tensors.split(",")):
-            f = work / "model.safetensors"
+            f, rec = work / "model.safetensors", work / "record.json"
             subprocess.run([py, __file__, "--build-only", str(f), str(n)], check=True)
             exl = [py, "-m", "exl3tool"]
+            # the record the last two rows read back (written, not timed)
+            subprocess.run([*exl, "identity", "-o", str(rec), "--force", str(f)], check=True)
             rows = {
                 "json.loads of the header (floor)": [py, "-c", FLOOR, str(f)],
                 "validate --no-hash": [*exl, "validate", "--no-hash", str(f)],
                 "identity --algo blake3": [*exl, "identity", "--algo", "blake3", str(f)],
                 "identity --algo sha256": [*exl, "identity", "--algo", "sha256", str(f)],
-                "identity --format json (the record)": [
-                    *exl,
-                    "identity",
-                    "--format",
-                    "json",
-                    str(f),
-                ],
-            }
+                "identity --format json (the record)": [*exl, "identity", "--format", "json", str(f)],
+                "identity --check RECORD": [*exl, "identity", "--check", str(rec), str(f)],
+                "diff RECORD RECORD": [*exl, "diff", str(rec), str(rec)],
+            }  # fmt: skip
+            floor = None
             for label, cmd in rows.items():
                 dt, cpu, rss = timed(cmd, args.repeat)
+                floor = floor or dt
                 per = dt / n * 1e6
-                print(f"| {n:,} | {label} | {dt:.2f} | {cpu:.2f} | {per:.1f} | {rss / 1e6:.0f} |")
+                print(f"| {n:,} | {label} | {dt:.2f} | {cpu:.2f} | {per:.1f} | {dt / floor:.2f} "
+                      f"| {rss / 1e6:.0f} |")  # fmt: skip
             f.unlink()
+            rec.unlink()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
