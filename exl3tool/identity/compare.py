@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 from exl3tool.formats.tail import config_tail
 from exl3tool.identity.engine import ALGORITHMS
 from exl3tool.identity.fast import OTHER, SCHEMA, Identity, parse_layers
-from exl3tool.io.jsonfile import read_json
+from exl3tool.io import jsonfile
+from exl3tool.io.jsonfile import parse_json, read_json_bytes
 from exl3tool.rules import identity as ir
+from exl3tool.rules import io as io_rules
 from exl3tool.rules.errors import InputError
 from exl3tool.rules.registry import Findings
 
@@ -79,27 +81,52 @@ def record_problem(doc: Any) -> str | None:
     return None
 
 
-# A record holds ~210-300 bytes per tensor: `identity` writes ~210 MB for one 10^6-tensor
-# header, beyond the 64 MiB other JSON documents may have. This bounds ~2 x 10^6 tensors
-# (parsed: about three times the text in memory).
-RECORD_MAX_BYTES = 512 << 20
+# A record holds ~210-300 bytes per tensor: `identity` writes 201 MiB for one header of 10^6
+# short-named tensors. Above the 64 MiB of other JSON documents a record is read by its layout
+# (`record_scan`: about its own size in memory; at most ~3x for a hostile document).
+RECORD_MAX_BYTES = 256 << 20
 
 
 def load_record(path: Path, findings: Findings) -> dict[str, Any] | None:
     """Read an identity document; every defect is an ID009/JS finding."""
+    label = str(path)
     try:
-        doc = read_json(path, findings, str(path), max_bytes=RECORD_MAX_BYTES)
+        data = read_json_bytes(path, RECORD_MAX_BYTES)
     except OSError as exc:
         raise InputError(f"{path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        findings.add(io_rules.JS_TOO_LARGE, f"JSON file too large: {exc}", file=label)
+        return None
+    if len(data) <= jsonfile.DEFAULT_MAX_BYTES:
+        doc = parse_json(data, findings, label)
+    else:
+        doc = _scanned(data, findings, label)
+    del data
     if doc is None:
-        if not any(f.location.file == str(path) for f in findings):
-            findings.add(ir.ID_FILE, "cannot be read", file=str(path))
+        if not any(f.location.file == label for f in findings):
+            findings.add(ir.ID_FILE, "cannot be read", file=label)
         return None
     problem = record_problem(doc)
     if problem:
-        findings.add(ir.ID_FILE, problem, file=str(path))
+        findings.add(ir.ID_FILE, problem, file=label)
         return None
     return doc
+
+
+def _scanned(data: bytes, findings: Findings, label: str) -> Any:
+    """A document above the usual limit, read as an identity record (JS006 if it is not one)."""
+    from exl3tool.identity.record_scan import NotARecord, scan_record
+
+    try:
+        return scan_record(data, lambda rest: parse_json(rest, findings, label))
+    except NotARecord as exc:
+        findings.add(
+            io_rules.JS_TOO_LARGE,
+            f"JSON file too large: {len(data)} bytes, above the {jsonfile.DEFAULT_MAX_BYTES} "
+            f"of other JSON, and not an identity record in the layout `identity` writes ({exc})",
+            file=label,
+        )
+        return None
 
 
 def problem_findings(ident: Identity, findings: Findings, label: str) -> None:

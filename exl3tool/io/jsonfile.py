@@ -12,12 +12,7 @@ from exl3tool.io.strict_json import JsonIssue, loads
 from exl3tool.rules import io as rules
 from exl3tool.rules.registry import Findings
 
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-# A document above DEFAULT_MAX_BYTES (only identity records may be) must not be denser than
-# one value separator or container per SPARSE bytes: parsed, it then takes a few times its
-# size, as a real record does (~3x), where `[{},{},...]` would take ~20x. A record has one per
-# 24-45 bytes (indented or compact); `[0,0,...]` has one per 2.
-SPARSE = 16
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # identity records above it: identity/record_scan
 
 _ISSUE_RULES = {
     "syntax": rules.JS_SYNTAX,
@@ -89,16 +84,11 @@ def read_json(
     except ValueError as exc:
         findings.add(rules.JS_TOO_LARGE, f"JSON file too large: {exc}", file=label)
         return None
-    if len(data) > DEFAULT_MAX_BYTES:
-        values = data.count(b",") + data.count(b"{") + data.count(b"[")
-        if values * SPARSE > len(data):
-            findings.add(
-                rules.JS_TOO_LARGE,
-                f"JSON file too large for its content: {values} values in {len(data)} bytes "
-                f"(above {DEFAULT_MAX_BYTES} bytes, at most one per {SPARSE} bytes)",
-                file=label,
-            )
-            return None
+    return parse_json(data, findings, label, require_object=require_object)
+
+
+def parse_json(data: bytes, findings: Findings, label: str, *, require_object: bool = True) -> Any:
+    """`read_json` of a document already read."""
     with paused_gc():  # a document of 10^6 small objects and no cycle
         value, issues = loads(data)
     report_issues(issues, findings, label)

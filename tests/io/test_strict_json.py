@@ -278,28 +278,3 @@ def test_a_duplicate_after_an_escaped_quote_is_found() -> None:
 )
 def test_plain_duplicates_are_found(text: str) -> None:
     assert [i.kind for i in loads(text)[1]] == ["duplicate"]
-
-
-@pytest.mark.parametrize(
-    ("text", "usable"),
-    [
-        ("[" + ",".join(["0"] * 400) + "]", False),  # one value per 2 bytes
-        ("[" + ",".join(["{}"] * 300) + "]", False),  # a dict per 3 bytes: ~20x its text
-        (json.dumps({"k": ["x" * 40] * 30}), True),  # one value per ~44 bytes
-    ],
-)
-def test_a_document_above_the_usual_limit_must_be_sparse(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, usable: bool
-) -> None:
-    """Above DEFAULT_MAX_BYTES (identity records only), a document dense in values is refused
-    before it is parsed (JS006); one as sparse as a record parses."""
-    monkeypatch.setattr(jsonfile, "DEFAULT_MAX_BYTES", 500)
-    path = tmp_path / "r.json"
-    path.write_text(text)
-    findings = Findings()
-    got = jsonfile.read_json(path, findings, "r.json", max_bytes=1 << 20, require_object=False)
-    assert (got is not None) is usable
-    assert [f.code for f in findings] == ([] if usable else ["JS006"])
-    small = Findings()  # at or under the usual limit nothing is counted
-    monkeypatch.setattr(jsonfile, "DEFAULT_MAX_BYTES", 1 << 20)
-    assert jsonfile.read_json(path, small, "r.json", require_object=False) is not None
