@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,29 @@ def _hex_map(v: Any) -> bool:
     return not digits.translate(None, _HEX_BYTES)  # nothing left once hex digits are dropped
 
 
+_TYPE_KEYS = frozenset(("dtype", "shape"))
+_DTYPE_OF, _SHAPE_OF = itemgetter("dtype"), itemgetter("shape")
+
+
+def _types_map(v: Any) -> bool:
+    """Every value {"dtype": str, "shape": [int >= 0, ...]}: C-level passes over all of them
+    (a record of 10^6 tensors; a record read by its layout shares one value per type)."""
+    if not isinstance(v, dict):
+        return False
+    values = list({id(t): t for t in v.values()}.values())  # each shared value once
+    if not {dict}.issuperset(map(type, values)) or not {2}.issuperset(map(len, values)):
+        return False
+    if not all(map(_TYPE_KEYS.issuperset, values)):
+        return False
+    shapes = list(map(_SHAPE_OF, values))
+    if not {str}.issuperset(map(type, map(_DTYPE_OF, values))):
+        return False
+    if not {list}.issuperset(map(type, shapes)):
+        return False
+    dims = list(chain.from_iterable(shapes))
+    return {int}.issuperset(map(type, dims)) and (not dims or min(dims) >= 0)
+
+
 def record_problem(doc: Any) -> str | None:
     """Why `doc` is not a usable exl3tool-identity/1 document (None when it is)."""
     if not isinstance(doc, dict):
@@ -56,6 +80,8 @@ def record_problem(doc: Any) -> str | None:
     for key in ("tensors", "layers"):
         if not _hex_map(doc.get(key)):
             return f"{key!r} must map names to 64-digit lower-case hex digests"
+    if "types" in doc and not _types_map(doc["types"]):
+        return '\'types\' must map names to {"dtype": string, "shape": [integers >= 0]}'
     if not _is_hex(doc.get("root")):
         return "'root' must be a 64-digit lower-case hex digest"
     sel = doc.get("selection")

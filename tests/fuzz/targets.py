@@ -1,9 +1,11 @@
 """Seed artifacts (tiny `exl3tool.synth` builds, snapshotted as layouts) and the library entry
 points a case calls on a mutated copy: validate (with and without --hash), identity, inspect,
-stage-cartridge. Every call's outcome is classified by `run_case`."""
+stage-cartridge, and an identity record read back (`identity --check`, `diff`, and the layout
+scan of records above 64 MiB). Every call's outcome is classified by `run_case`."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -13,7 +15,7 @@ from typing import Any
 
 from tests.fuzz.mutate import Layout, Special, mutate
 
-SEED_KINDS = ("exl3", "r7", "rank-sliced", "base", "cartridge", "cartridge-tp2")
+SEED_KINDS = ("exl3", "r7", "rank-sliced", "base", "cartridge", "cartridge-tp2", "record")
 
 
 def build_seeds(root: Path) -> dict[str, Path]:
@@ -24,7 +26,7 @@ def build_seeds(root: Path) -> dict[str, Path]:
 
     root.mkdir(parents=True, exist_ok=True)
     base = build_base(root / "base", layers=(3,), experts=2, hidden=128, intermediate=256)
-    return {
+    seeds = {
         "exl3": build_exl3(root / "exl3"),
         "r7": build_r7(root / "r7"),
         "rank-sliced": build_rank_sliced(root / "rank-sliced"),
@@ -34,6 +36,18 @@ def build_seeds(root: Path) -> dict[str, Path]:
             root / "cartridge-tp2", base, layout="rank-sharded", world_size=2
         ),
     }
+    seeds["record"] = root / "record"
+    seeds["record"].mkdir()
+    (seeds["record"] / "record.json").write_text(json.dumps(_identity(base).to_json(), indent=2))
+    return seeds
+
+
+def _identity(art: Path) -> Any:
+    from exl3tool.formats.checkpoint import load_checkpoint
+    from exl3tool.identity.fast import compute_identity
+    from exl3tool.rules.registry import Findings
+
+    return compute_identity(load_checkpoint(art, Findings()), algo="sha256", threads=1)
 
 
 def snapshot(art: Path) -> Layout:
@@ -77,6 +91,7 @@ ENTRIES = {
     "base": ("validate", "validate", "validate-hash", "identity", "stage-base"),
     "cartridge": ("validate", "validate-base", "validate-hash", "stage", "stage-tp2"),
     "cartridge-tp2": ("validate", "validate-base", "validate-hash", "stage"),
+    "record": ("record-check", "record-scan"),
 }
 
 
@@ -107,11 +122,9 @@ def call_entry(case: Case, art: Path, pristine: dict[str, Path], out: Path) -> A
 
         return describe(art).findings
     if e == "identity":
-        from exl3tool.formats.checkpoint import load_checkpoint
-        from exl3tool.identity.fast import compute_identity
-        from exl3tool.rules.registry import Findings
-
-        return compute_identity(load_checkpoint(art, Findings()), algo="sha256", threads=1)
+        return _identity(art)
+    if e.startswith("record-"):
+        return _read_record(e, art / "record.json", pristine)
     from exl3tool.staging.stage import stage_cartridge
 
     if e == "stage-base":
@@ -119,6 +132,40 @@ def call_entry(case: Case, art: Path, pristine: dict[str, Path], out: Path) -> A
     else:
         adapter, base, tp = art, pristine["base"], (2 if e == "stage-tp2" else None)
     return stage_cartridge(adapter, base, out=out, tp=tp, threads=1).findings
+
+
+def _read_record(entry: str, path: Path, pristine: dict[str, Path]) -> Any:
+    """`identity --check` and `diff` of a mutated record against its artifact (record-check);
+    or the layout scan, whose value, when it gives one, must be the strict parse (record-scan)."""
+    from exl3tool.identity import compare
+    from exl3tool.identity.record_scan import NotARecord, scan_record
+    from exl3tool.io.jsonfile import parse_json, read_json_bytes
+    from exl3tool.io.strict_json import loads
+    from exl3tool.rules.errors import InputError
+    from exl3tool.rules.registry import Findings
+
+    findings = Findings()
+    if entry == "record-scan":
+        try:
+            data = read_json_bytes(path, compare.RECORD_MAX_BYTES)
+        except (OSError, ValueError):
+            return findings
+        try:
+            value = scan_record(data, lambda rest: parse_json(rest, findings, "r"))
+        except NotARecord:
+            return findings
+        if value is not None and value != loads(data)[0]:
+            raise AssertionError("the layout scan gave another value than the strict parse")
+        return findings
+    try:
+        doc = compare.load_record(path, findings)
+    except InputError:
+        return findings
+    if doc is not None:
+        ident = _identity(pristine["base"])
+        compare.check(doc, ident, findings, "base")
+        compare.diff(doc, ident.to_json())
+    return findings
 
 
 def crashed(result: Any) -> str | None:

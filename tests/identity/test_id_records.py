@@ -36,6 +36,36 @@ def test_hex_map_is_the_per_value_test(value: object) -> None:
     assert compare._hex_map(value) is want
 
 
+def _type_ok(t: object) -> bool:
+    return (
+        type(t) is dict
+        and set(t) == {"dtype", "shape"}
+        and type(t["dtype"]) is str
+        and type(t["shape"]) is list
+        and all(type(d) is int and d >= 0 for d in t["shape"])
+    )
+
+
+_SHARED = {"dtype": "F16", "shape": [2, 3]}
+_DIMS = st.lists(st.integers(-1, 5) | st.booleans() | st.floats(0, 1), max_size=3)
+_TYPES = st.one_of(
+    st.fixed_dictionaries(
+        {"dtype": st.sampled_from(["F16", 1, None]), "shape": _DIMS | st.integers()}
+    ),
+    st.fixed_dictionaries({"dtype": st.just("I16")}, optional={"x": st.integers()}),
+    st.just(_SHARED),
+    st.integers(),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.dictionaries(st.text(max_size=5), _TYPES, max_size=6) | st.lists(st.integers()))
+def test_types_map_is_the_per_value_test(value: object) -> None:
+    want = isinstance(value, dict) and all(_type_ok(t) for t in value.values())
+    assert compare._types_map(value) is want
+
+
 def _identity(n: int) -> Identity:
     ident = Identity("blake3")
     for i in range(n):

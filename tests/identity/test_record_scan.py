@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from exl3tool.identity.record_scan import NotARecord, scan_record
 from exl3tool.io import jsonfile
 from exl3tool.io.jsonfile import parse_json
 from exl3tool.io.strict_json import loads
+from exl3tool.rules.errors import InputError
 from exl3tool.rules.registry import Findings
 
 
@@ -191,3 +194,20 @@ def test_a_large_document_that_is_no_record_is_refused(
     assert compare.load_record(path, findings) is None
     assert [f.code for f in findings] == ["JS006"]
     assert "not an identity record" in next(iter(findings)).message
+
+
+def test_a_fifo_posing_as_a_record_is_unreadable_not_a_hang(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    os.mkfifo(path)
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("load_record blocked on a FIFO")
+
+    before = signal.signal(signal.SIGALRM, hung)  # a regression hangs in open()
+    signal.alarm(10)
+    try:
+        with pytest.raises(InputError, match="not a regular file"):
+            compare.load_record(path, Findings())
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
