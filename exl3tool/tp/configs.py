@@ -39,9 +39,18 @@ def carried_files(ckpt: Checkpoint) -> list[str]:
     out = []
     for e in sorted(os.scandir(ckpt.root), key=lambda e: e.name):
         # a link to a file is carried as that file (HF cache snapshots link into blobs/)
-        if e.is_file() and not _NOT_CARRIED.search(e.name):
+        if _is_file(e) and not _NOT_CARRIED.search(e.name):
             out.append(e.name)
     return out
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    """A regular file, or a link to one; a link that loops (ELOOP) or cannot be followed is
+    not carried (the loader reports the configs it needed)."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
 
 
 def _storage_for(storage: Any, slices: dict[str, TensorSlice]) -> Any:

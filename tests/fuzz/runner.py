@@ -86,14 +86,14 @@ class Summary:
 
 
 class World:
-    """Seeds and pristine partners (the base a cartridge is staged on, and the reverse), built
-    once in the parent and inherited by every fork."""
+    """Seeds and their pristine copies (the base a cartridge is staged on and the reverse, what
+    `diff` compares a mutant with), built once in the parent and inherited by every fork."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         arts = build_seeds(root / "seeds")
         self.layouts = {k: snapshot(p) for k, p in arts.items()}
-        self.pristine = {"base": arts["base"], "cartridge": arts["cartridge"]}
+        self.pristine = dict(arts)
 
 
 def _one(world: World, seed: int, index: int, work: Path, limits: Limits) -> tuple[str, str]:

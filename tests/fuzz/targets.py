@@ -84,11 +84,13 @@ class Case:
     layout: Layout
 
 
+_BASE = ("validate", "validate", "validate-hash", "identity", "stage-base")
+_CHECKPOINT = ("validate", "validate", "validate-hash", "identity", "inspect", "plan", "diff")
 ENTRIES = {
-    "exl3": ("validate", "validate", "validate-hash", "identity", "inspect"),
-    "r7": ("validate", "validate", "validate-hash", "identity", "inspect"),
-    "rank-sliced": ("validate", "validate", "validate-hash", "identity", "inspect"),
-    "base": ("validate", "validate", "validate-hash", "identity", "stage-base"),
+    "exl3": (*_CHECKPOINT, "slice"),
+    "r7": (*_CHECKPOINT, "slice"),
+    "rank-sliced": _CHECKPOINT,
+    "base": (*_BASE, "slice", "slice-rank-sliced", "slice-expert", "diff"),
     "cartridge": ("validate", "validate-base", "validate-hash", "stage", "stage-tp2"),
     "cartridge-tp2": ("validate", "validate-base", "validate-hash", "stage"),
     "record": ("record-check", "record-scan"),
@@ -125,6 +127,25 @@ def call_entry(case: Case, art: Path, pristine: dict[str, Path], out: Path) -> A
         return _identity(art)
     if e.startswith("record-"):
         return _read_record(e, art / "record.json", pristine)
+    if e == "plan":
+        from exl3tool.actions.plan import PlanOptions
+        from exl3tool.actions.plan import run as plan
+
+        return plan(PlanOptions(str(art), tp=2, gpu_memory=1 << 30)).findings
+    if e == "diff":
+        from exl3tool.actions.diff import Options as DiffOptions
+        from exl3tool.actions.diff import run as diff
+
+        return diff(DiffOptions(str(art), str(pristine[case.kind]), threads=1))
+    if e.startswith("slice"):
+        from exl3tool.actions.slice import Options as SliceOptions
+        from exl3tool.actions.slice import run as slice_
+
+        layout = "rank-sliced" if e == "slice-rank-sliced" else "per-rank"
+        mode = "expert" if e == "slice-expert" else "tensor"
+        opts = SliceOptions(str(art), tp=2, mode=mode, layout=layout, max_shard_size="64KiB",
+                            verify=True, output=out, threads=1)  # fmt: skip
+        return slice_(opts).findings
     from exl3tool.staging.stage import stage_cartridge
 
     if e == "stage-base":
@@ -136,11 +157,11 @@ def call_entry(case: Case, art: Path, pristine: dict[str, Path], out: Path) -> A
 
 def _read_record(entry: str, path: Path, pristine: dict[str, Path]) -> Any:
     """`identity --check` and `diff` of a mutated record against its artifact (record-check);
-    or the layout scan, whose value, when it gives one, must be the strict parse (record-scan)."""
+    or the layout scan, whose value, when it gives one, must be what the strict reader gives
+    (record-scan)."""
     from exl3tool.identity import compare
     from exl3tool.identity.record_scan import NotARecord, scan_record
     from exl3tool.io.jsonfile import parse_json, read_json_bytes
-    from exl3tool.io.strict_json import loads
     from exl3tool.rules.errors import InputError
     from exl3tool.rules.registry import Findings
 
@@ -154,7 +175,7 @@ def _read_record(entry: str, path: Path, pristine: dict[str, Path]) -> Any:
             value = scan_record(data, lambda rest: parse_json(rest, findings, "r"))
         except NotARecord:
             return findings
-        if value is not None and value != loads(data)[0]:
+        if value is not None and value != parse_json(data, Findings(), "r"):
             raise AssertionError("the layout scan gave another value than the strict parse")
         return findings
     try:
