@@ -29,10 +29,20 @@ def schema(name: str) -> dict[str, Any]:
 
 @functools.cache
 def validator(name: str) -> Any:
-    """A draft 2020-12 validator for `exl3tool/schemas/<name>`."""
+    """A draft 2020-12 validator for `exl3tool/schemas/<name>`. In exl3tool's own documents
+    (`exl3tool-*`) an integer is a JSON integer only: the draft also calls 8.0 one, which the
+    code that slices and indexes with it would then meet as a float."""
     import jsonschema
 
-    return jsonschema.Draft202012Validator(schema(name))
+    cls = jsonschema.Draft202012Validator
+    if name.startswith("exl3tool-"):
+        checker = cls.TYPE_CHECKER.redefine("integer", _json_integer)
+        cls = jsonschema.validators.extend(cls, type_checker=checker)
+    return cls(schema(name))
+
+
+def _json_integer(_checker: Any, value: Any) -> bool:
+    return type(value) is int
 
 
 def error_pointer(err: Any) -> tuple[str, tuple[Any, ...]]:

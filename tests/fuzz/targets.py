@@ -15,7 +15,9 @@ from typing import Any
 
 from tests.fuzz.mutate import Layout, Special, mutate
 
-SEED_KINDS = ("exl3", "r7", "rank-sliced", "base", "cartridge", "cartridge-tp2", "record")
+SEED_KINDS = (
+    "exl3", "r7", "rank-sliced", "base", "cartridge", "cartridge-tp2", "record", "slices"
+)  # fmt: skip
 
 
 def build_seeds(root: Path) -> dict[str, Path]:
@@ -36,6 +38,10 @@ def build_seeds(root: Path) -> dict[str, Path]:
             root / "cartridge-tp2", base, layout="rank-sharded", world_size=2
         ),
     }
+    from exl3tool.tp.run import SliceOptions, slice_artifact
+
+    seeds["slices"] = root / "slices"  # the base's TP 2 slices, as `slice -o` writes them
+    slice_artifact(base, seeds["slices"], SliceOptions(tp=2, sha256=True))
     seeds["record"] = root / "record"
     seeds["record"].mkdir()
     (seeds["record"] / "record.json").write_text(json.dumps(_identity(base).to_json(), indent=2))
@@ -94,6 +100,7 @@ ENTRIES = {
     "cartridge": ("validate", "validate-base", "validate-hash", "stage", "stage-tp2"),
     "cartridge-tp2": ("validate", "validate-base", "validate-hash", "stage"),
     "record": ("record-check", "record-scan"),
+    "slices": ("slice-verify", "slice-verify-alone", "validate", "identity"),
 }
 
 
@@ -137,6 +144,11 @@ def call_entry(case: Case, art: Path, pristine: dict[str, Path], out: Path) -> A
         from exl3tool.actions.diff import run as diff
 
         return diff(DiffOptions(str(art), str(pristine[case.kind]), threads=1))
+    if e.startswith("slice-verify"):
+        from exl3tool.tp.run import verify_output
+
+        source = pristine["base"] if e == "slice-verify" else None
+        return verify_output(art, source, 1)
     if e.startswith("slice"):
         from exl3tool.actions.slice import Options as SliceOptions
         from exl3tool.actions.slice import run as slice_
