@@ -25,13 +25,23 @@ def exit_code(exc: BaseException) -> int:
         return EXIT_SIGINT
     if isinstance(exc, Exl3ToolError):
         return exc.exit_code
+    if isinstance(exc, OSError):  # a file that could not be opened or read (or written)
+        return EXIT_INPUT
     return EXIT_FINDINGS
 
 
 def message(exc: BaseException) -> str:
-    """One line for the user: the error's own text, or what an unexpected one was."""
+    """One line for the user: the error's own text, or what an unexpected one was; a word of
+    more than `SHOWN_MAX` characters (a hostile file name) is cut."""
     if isinstance(exc, KeyboardInterrupt | Interrupted):
         return "interrupted" if exit_code(exc) == EXIT_SIGINT else "terminated"
     if isinstance(exc, Exl3ToolError):
-        return str(exc)
-    return f"internal error {type(exc).__name__}: {exc}"
+        text = str(exc)
+    elif isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        text = where + (exc.strerror or str(exc))
+    else:
+        text = f"internal error {type(exc).__name__}: {exc}"
+    from exl3tool.io.fs import shown_words
+
+    return shown_words(text)

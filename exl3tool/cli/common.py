@@ -50,19 +50,20 @@ def fail(message: str, code: int) -> None:
 
 
 def handle_errors(fn: F) -> F:
-    """Turn exl3tool's user-facing errors and signals into a one-line message and their exit
-    code (the mapping is `actions.errors`, shared with the gate)."""
+    """Turn exl3tool's user-facing errors, signals and a file that could not be read (OSError:
+    exit 3) into a one-line message and their exit code (the mapping is `actions.errors`,
+    shared with the gate)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (Exl3ToolError, KeyboardInterrupt, Interrupted) as exc:
+        except BrokenPipeError:
+            raise typer.Exit(1) from None
+        except (Exl3ToolError, KeyboardInterrupt, Interrupted, OSError) as exc:
             from exl3tool.actions import errors
 
             fail(errors.message(exc), errors.exit_code(exc))
-        except BrokenPipeError:
-            raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
 

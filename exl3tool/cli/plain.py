@@ -38,10 +38,10 @@ def guarded(fn: Callable[..., int], /, *args: Any, **kwargs: Any) -> int:
     """`fn`'s exit code, or that of the user-facing error or signal it raised."""
     try:
         return fn(*args, **kwargs)
-    except (Exl3ToolError, KeyboardInterrupt, Interrupted) as exc:
-        return error_code(exc)
     except BrokenPipeError:
         return 1
+    except (Exl3ToolError, KeyboardInterrupt, Interrupted, OSError) as exc:
+        return error_code(exc)
 
 
 # ---- identity ----------------------------------------------------------------------------

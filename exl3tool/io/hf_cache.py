@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from exl3tool.io.fs import exists
 from exl3tool.rules.errors import InputError, missing_extra
 
 # Hub repo ids: "org/name", each part 1-96 of [A-Za-z0-9._-], not starting/ending with '.'/'-';
@@ -42,7 +43,7 @@ class NotCached(InputError):
 
 def parse_hf_id(arg: str) -> HfRef | None:
     """An `HfRef` when `arg` reads as org/name[@revision] and is not an existing local path."""
-    if Path(arg).exists():
+    if exists(arg):
         return None
     m = _ID.match(arg)
     if not m or ".." in arg or arg.startswith(("./", "../")):

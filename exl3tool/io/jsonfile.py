@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import errno
 import math
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
+from exl3tool.io.fs import read_document
 from exl3tool.io.gcpause import paused_gc
 from exl3tool.io.strict_json import JsonIssue, loads
 from exl3tool.rules import io as rules
@@ -57,19 +55,8 @@ def _drop(v: Any) -> Any:
 
 
 def read_json_bytes(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
-    """Read a whole regular file, refusing more than max_bytes (raises OSError / ValueError).
-    Opened without blocking: a FIFO posing as the document is an error, not a hang."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with open(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        if st.st_size > max_bytes:
-            raise ValueError(f"{st.st_size} bytes, limit {max_bytes}")
-        data = fh.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ValueError(f"more than {max_bytes} bytes")
-    return data
+    """Read a whole regular file, refusing more than max_bytes (raises OSError / ValueError)."""
+    return read_document(path, max_bytes)
 
 
 def read_json(

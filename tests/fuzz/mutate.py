@@ -219,6 +219,42 @@ def _raw_bytes(rng: random.Random, data: bytes) -> tuple[bytes, str]:
     return rng.choice((b"", b"null", b"[]", b"\xef\xbb\xbf" + data, data + data)), "raw whole"
 
 
+# --- TOML (the gate's exl3tool.toml) ---------------------------------------------------------
+
+# values TOML can spell that a config must refuse or survive (no absolute path: the gate writes
+# temporary slices where tmp_dir points)
+TOML_VALUES = (
+    "inf", "nan", "-0.0", "1e999", "2.0", "9223372036854775807", "-1", "0", "true", '""',
+    '"../.."', '"x" ', '"\\u0000"', '"' + "a" * 5000 + '"', "[]", "[[1]]", "[1, 2.5, true]",
+    "[2, 2, 2]", "{}", '{ path = "." }', '"org/name@main"', '"ALL"', '["R7", "ZZ999"]',
+    "1979-05-27T07:32:00Z",
+)  # fmt: skip
+
+
+def mutate_toml_bytes(rng: random.Random, data: bytes) -> tuple[bytes, str]:
+    """One line edited: a value replaced by a hostile one, a line doubled (a duplicate key or
+    table), a line dropped; else a raw byte mutation."""
+    lines = data.split(b"\n")
+    keyed = [
+        i for i, line in enumerate(lines) if b"=" in line and not line.lstrip().startswith(b"#")
+    ]
+    r = rng.random()
+    if keyed and r < 0.6:
+        i = rng.choice(keyed)
+        value = rng.choice(TOML_VALUES)
+        lines[i] = lines[i].split(b"=", 1)[0] + b"= " + value.encode()
+        return b"\n".join(lines), f"toml set line {i} = {value[:20]}"
+    if lines and r < 0.75:
+        i = rng.randrange(len(lines))
+        lines.insert(i, lines[i])
+        return b"\n".join(lines), f"toml double line {i}"
+    if lines and r < 0.85:
+        i = rng.randrange(len(lines))
+        del lines[i]
+        return b"\n".join(lines), f"toml drop line {i}"
+    return _raw_bytes(rng, data)
+
+
 # --- safetensors ----------------------------------------------------------------------------
 
 
@@ -357,6 +393,8 @@ def mutate_layout(rng: random.Random, layout: Layout) -> str:
             layout[rel], what = mutate_safetensors(rng, node)
         elif rel.endswith(".json"):
             layout[rel], what = mutate_json_bytes(rng, node)
+        elif rel.endswith(".toml"):
+            layout[rel], what = mutate_toml_bytes(rng, node)
         else:
             layout[rel], what = _raw_bytes(rng, node)
         return f"{rel}: {what}"

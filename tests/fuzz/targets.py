@@ -16,8 +16,25 @@ from typing import Any
 from tests.fuzz.mutate import Layout, Special, mutate
 
 SEED_KINDS = (
-    "exl3", "r7", "rank-sliced", "base", "cartridge", "cartridge-tp2", "record", "slices"
+    "exl3", "r7", "rank-sliced", "base", "cartridge", "cartridge-tp2", "record", "slices", "gate"
 )  # fmt: skip
+# `exl3tool check`: a base and a cartridge beside the config that declares them
+GATE_TOML = """schema = "exl3tool-config/1"
+hash = true
+tp = [2]
+threads = 1
+
+[[artifacts]]
+name = "base"
+path = "base"
+role = "base"
+
+[[artifacts]]
+name = "k"
+path = "cartridge"
+role = "cartridge"
+base = "base"
+"""
 
 
 def build_seeds(root: Path) -> dict[str, Path]:
@@ -42,6 +59,11 @@ def build_seeds(root: Path) -> dict[str, Path]:
 
     seeds["slices"] = root / "slices"  # the base's TP 2 slices, as `slice -o` writes them
     slice_artifact(base, seeds["slices"], SliceOptions(tp=2, sha256=True))
+    gate = seeds["gate"] = root / "gate"
+    gate.mkdir()
+    (gate / "exl3tool.toml").write_text(GATE_TOML)
+    shutil.copytree(base, gate / "base")
+    shutil.copytree(seeds["cartridge"], gate / "cartridge")
     seeds["record"] = root / "record"
     seeds["record"].mkdir()
     (seeds["record"] / "record.json").write_text(json.dumps(_identity(base).to_json(), indent=2))
@@ -101,6 +123,7 @@ ENTRIES = {
     "cartridge-tp2": ("validate", "validate-base", "validate-hash", "stage"),
     "record": ("record-check", "record-scan"),
     "slices": ("slice-verify", "slice-verify-alone", "validate", "identity"),
+    "gate": ("check",),
 }
 
 
@@ -144,6 +167,11 @@ def call_entry(case: Case, art: Path, pristine: dict[str, Path], out: Path) -> A
         from exl3tool.actions.diff import run as diff
 
         return diff(DiffOptions(str(art), str(pristine[case.kind]), threads=1))
+    if e == "check":
+        from exl3tool.actions.check import Options as CheckOptions
+        from exl3tool.actions.check import run as check
+
+        return check(CheckOptions(config=art / "exl3tool.toml", quiet=True)).report.findings
     if e.startswith("slice-verify"):
         from exl3tool.tp.run import verify_output
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from exl3tool.io.fs import read_document, shown
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.rules.check import GT_CONFIG_SCHEMA
 from exl3tool.rules.errors import UsageError
@@ -144,17 +145,23 @@ def from_mapping(data: Any, *, root: Path, source: Path | None, findings: Findin
     )
 
 
+CONFIG_MAX_BYTES = 16 << 20  # an exl3tool.toml, or the pyproject.toml that holds its table
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read config {path}: {exc.strerror or exc}") from None
+        raw = read_document(path, CONFIG_MAX_BYTES)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise UsageError(f"cannot read config {shown(path)}: {why or exc}") from None
     if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
         raise UsageError("reading exl3tool.toml on Python 3.10 needs tomli: pip install tomli")
     try:
         return tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"config {path} is not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib's parser recurses per nested array or inline table
+        raise UsageError(f"config {path} is not valid TOML: nested too deeply") from None
 
 
 def load_config(path: Path, findings: Findings) -> GateConfig:

@@ -21,6 +21,7 @@ from exl3tool.actions.gate.config import ArtifactSpec, GateConfig
 from exl3tool.actions.gate.context import Context, StepResult, Target
 from exl3tool.actions.gate.infer import artifact_dir, default_role, sliced_tp
 from exl3tool.formats.detect import detect
+from exl3tool.io.fs import exists
 from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.rules.check import (
     GT_ARTIFACT_MISSING,
@@ -37,8 +38,8 @@ def resolve_arg(arg: str, root: Path, findings: Findings) -> Path | None:
     """A local path for `arg`: itself when it exists, else a cached HF snapshot, else None."""
     ref = hf.parse_hf_id(arg) if not Path(arg).is_absolute() else None
     local = _display(Path(arg).expanduser(), root)
-    if local.exists() or ref is None:
-        if not local.exists():
+    if exists(local) or ref is None:
+        if not exists(local):
             findings.add(GT_ARTIFACT_MISSING, f"{arg}: no such file or directory", file=arg)
             return None
         return artifact_dir(local) if local.name != "adapter_config.json" else local.parent
