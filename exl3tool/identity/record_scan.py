@@ -1,8 +1,9 @@
 """Identity records above the usual JSON limit, read by their layout, not a general parse.
 
 `identity` writes ~210 bytes per tensor: a model of 10^6 tensors gives a 210 MB record, above
-the 64 MiB any other JSON document may have. A general parse takes ~3x its text for such a
-record (two dicts and a list per tensor) and 8x for a hostile document of the same size. Here
+the 64 MiB any other JSON document may have. A general parse takes ~4x its text for such a
+record (two dicts and a list per tensor) and up to 25x for a hostile document of the same size
+(`[{},{},...]`; benchmarks/bench_records.py). Here
 the two per-tensor maps, "tensors" (name -> hex digest) and "types" (name -> {"dtype",
 "shape"}), are scanned by regex a chunk at a time, their entries proven to tile the text, and
 every distinct type becomes one shared value; the rest of the record (a few KB) goes to the
