@@ -391,10 +391,12 @@ def _findings(plan: BootPlan, ctx: _Context, fallback: set[int]) -> None:
 
 
 def _gib(n: int) -> str:
-    """Bytes in the largest binary unit they reach."""
+    """Bytes in the largest binary unit they reach, to two decimals; in integers, as a hostile
+    config's sizes multiply beyond what a float holds."""
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
-            return f"{n / scale:.2f} {unit}"
+            hundredths = (n * 100 + scale // 2) // scale
+            return f"{hundredths // 100}.{hundredths % 100:02d} {unit}"
     return f"{n} B"
 
 

@@ -76,6 +76,18 @@ def test_gpu_memory_finding_per_rank() -> None:
     assert not fits.findings
 
 
+def test_sizes_beyond_a_float_are_reported_not_raised(tmp_path: Path) -> None:
+    """A config whose sizes multiply past 1.8e308 bytes (fuzz seed 1206, case 154158: an
+    OverflowError in the message): the figures are integers throughout."""
+    root = shutil.copytree(EXAMPLES / "r7-tiny", tmp_path / "r7")
+    edit_json(root / "config.json", lambda c: c.update(moe_intermediate_size=10**200,
+                                                        hidden_size=10**200))  # fmt: skip
+    plan = run(root, quantization="modelopt", gpu_memory=2**30)
+    message = next(f.message for f in plan.findings if f.code == "PL002")
+    assert "TiB of BF16 experts" in message
+    assert action._gib(10**400).endswith(" TiB") and action._gib(3 * 2**29) == "1.50 GiB"
+
+
 def test_quant_method_stamp_without_r7_block_or_tail(tmp_path: Path) -> None:
     root = shutil.copytree(EXAMPLES / "r7-tiny", tmp_path / "r7")
     edit_json(root / "config.json", lambda c: c.pop("hybrid_tr3_tail"))
