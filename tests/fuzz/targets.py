@@ -112,8 +112,20 @@ class Case:
     layout: Layout
 
 
-_BASE = ("validate", "validate", "validate-hash", "identity", "stage-base")
-_CHECKPOINT = ("validate", "validate", "validate-hash", "identity", "inspect", "plan", "diff")
+# the identity as the CLI computes it (blake3, the compatibility block, two threads), and with a
+# layer selection and a `sha256sum -c` manifest; validate against a TP size
+_MORE = ("identity-cli", "identity-manifest", "identity-check", "validate-tp2")
+_BASE = ("validate", "validate", "validate-hash", "identity", "stage-base", *_MORE)
+_CHECKPOINT = (
+    "validate",
+    "validate",
+    "validate-hash",
+    "identity",
+    "inspect",
+    "plan",
+    "diff",
+    *_MORE,
+)
 ENTRIES = {
     "exl3": (*_CHECKPOINT, "slice"),
     "r7": (*_CHECKPOINT, "slice"),
@@ -147,6 +159,26 @@ def call_entry(case: Case, art: Path, pristine: dict[str, Path], out: Path) -> A
         return validate_path(art, ValidateOptions(threads=1))[1]
     if e == "validate-hash":
         return validate_path(art, ValidateOptions(hash=True, threads=1))[1]
+    if e == "validate-tp2":
+        return validate_path(art, ValidateOptions(tp=2, threads=1))[1]
+    if e.startswith("identity-"):
+        from exl3tool.actions.identity import Options as IdentityOptions
+        from exl3tool.actions.identity import run as identity
+
+        if e == "identity-cli":
+            return identity(IdentityOptions(str(art), threads=2)).findings
+        if e == "identity-check":  # the pristine seed's record against the mutant
+            out.mkdir(parents=True, exist_ok=True)
+            record = identity(IdentityOptions(str(pristine[case.kind]), threads=1))
+            assert record.identity is not None
+            (out / "record.json").write_text(json.dumps(record.identity.to_json()))
+            return identity(
+                IdentityOptions(str(art), threads=2, check=out / "record.json")
+            ).findings
+        opts = IdentityOptions(str(art), algo="sha256", layers="3,other", threads=1,
+                               sha256sum=out / "SHA256SUMS")  # fmt: skip
+        out.mkdir(parents=True, exist_ok=True)
+        return identity(opts).findings
     if e == "validate-base":
         return validate_path(art, ValidateOptions(base=pristine["base"], threads=1))[1]
     if e == "inspect":
