@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.fuzz.entries import CALLS, identity_of
 from tests.fuzz.mutate import Layout, Special, mutate
 
 SEED_KINDS = (
@@ -66,16 +67,8 @@ def build_seeds(root: Path) -> dict[str, Path]:
     shutil.copytree(seeds["cartridge"], gate / "cartridge")
     seeds["record"] = root / "record"
     seeds["record"].mkdir()
-    (seeds["record"] / "record.json").write_text(json.dumps(_identity(base).to_json(), indent=2))
+    (seeds["record"] / "record.json").write_text(json.dumps(identity_of(base).to_json(), indent=2))
     return seeds
-
-
-def _identity(art: Path) -> Any:
-    from exl3tool.formats.checkpoint import load_checkpoint
-    from exl3tool.identity.fast import compute_identity
-    from exl3tool.rules.registry import Findings
-
-    return compute_identity(load_checkpoint(art, Findings()), algo="sha256", threads=1)
 
 
 def snapshot(art: Path) -> Layout:
@@ -151,114 +144,7 @@ def make_case(seed: int, index: int, seeds: dict[str, Layout]) -> Case:
 
 def call_entry(case: Case, art: Path, pristine: dict[str, Path], out: Path) -> Any:
     """Call the library entry point of `case` on the mutated artifact at `art`."""
-    from exl3tool.actions.validate import validate_path
-    from exl3tool.checks.options import ValidateOptions
-
-    e = case.entry
-    if e == "validate":
-        return validate_path(art, ValidateOptions(threads=1))[1]
-    if e == "validate-hash":
-        return validate_path(art, ValidateOptions(hash=True, threads=1))[1]
-    if e == "validate-tp2":
-        return validate_path(art, ValidateOptions(tp=2, threads=1))[1]
-    if e.startswith("identity-"):
-        from exl3tool.actions.identity import Options as IdentityOptions
-        from exl3tool.actions.identity import run as identity
-
-        if e == "identity-cli":
-            return identity(IdentityOptions(str(art), threads=2)).findings
-        if e == "identity-check":  # the pristine seed's record against the mutant
-            out.mkdir(parents=True, exist_ok=True)
-            record = identity(IdentityOptions(str(pristine[case.kind]), threads=1))
-            assert record.identity is not None
-            (out / "record.json").write_text(json.dumps(record.identity.to_json()))
-            return identity(
-                IdentityOptions(str(art), threads=2, check=out / "record.json")
-            ).findings
-        opts = IdentityOptions(str(art), algo="sha256", layers="3,other", threads=1,
-                               sha256sum=out / "SHA256SUMS")  # fmt: skip
-        out.mkdir(parents=True, exist_ok=True)
-        return identity(opts).findings
-    if e == "validate-base":
-        return validate_path(art, ValidateOptions(base=pristine["base"], threads=1))[1]
-    if e == "inspect":
-        from exl3tool.actions.inspect import describe
-
-        return describe(art).findings
-    if e == "identity":
-        return _identity(art)
-    if e.startswith("record-"):
-        return _read_record(e, art / "record.json", pristine)
-    if e == "plan":
-        from exl3tool.actions.plan import PlanOptions
-        from exl3tool.actions.plan import run as plan
-
-        return plan(PlanOptions(str(art), tp=2, gpu_memory=1 << 30)).findings
-    if e == "diff":
-        from exl3tool.actions.diff import Options as DiffOptions
-        from exl3tool.actions.diff import run as diff
-
-        return diff(DiffOptions(str(art), str(pristine[case.kind]), threads=1))
-    if e == "check":
-        from exl3tool.actions.check import Options as CheckOptions
-        from exl3tool.actions.check import run as check
-
-        return check(CheckOptions(config=art / "exl3tool.toml", quiet=True)).report.findings
-    if e.startswith("slice-verify"):
-        from exl3tool.tp.run import verify_output
-
-        source = pristine["base"] if e == "slice-verify" else None
-        return verify_output(art, source, 1)
-    if e.startswith("slice"):
-        from exl3tool.actions.slice import Options as SliceOptions
-        from exl3tool.actions.slice import run as slice_
-
-        layout = "rank-sliced" if e == "slice-rank-sliced" else "per-rank"
-        mode = "expert" if e == "slice-expert" else "tensor"
-        opts = SliceOptions(str(art), tp=2, mode=mode, layout=layout, max_shard_size="64KiB",
-                            verify=True, output=out, threads=1)  # fmt: skip
-        return slice_(opts).findings
-    from exl3tool.staging.stage import stage_cartridge
-
-    if e == "stage-base":
-        adapter, base, tp = pristine["cartridge"], art, None
-    else:
-        adapter, base, tp = art, pristine["base"], (2 if e == "stage-tp2" else None)
-    return stage_cartridge(adapter, base, out=out, tp=tp, threads=1).findings
-
-
-def _read_record(entry: str, path: Path, pristine: dict[str, Path]) -> Any:
-    """`identity --check` and `diff` of a mutated record against its artifact (record-check);
-    or the layout scan, whose value, when it gives one, must be what the strict reader gives
-    (record-scan)."""
-    from exl3tool.identity import compare
-    from exl3tool.identity.record_scan import NotARecord, scan_record
-    from exl3tool.io.jsonfile import parse_json, read_json_bytes
-    from exl3tool.rules.errors import InputError
-    from exl3tool.rules.registry import Findings
-
-    findings = Findings()
-    if entry == "record-scan":
-        try:
-            data = read_json_bytes(path, compare.RECORD_MAX_BYTES)
-        except (OSError, ValueError):
-            return findings
-        try:
-            value = scan_record(data, lambda rest: parse_json(rest, findings, "r"))
-        except NotARecord:
-            return findings
-        if value is not None and value != parse_json(data, Findings(), "r"):
-            raise AssertionError("the layout scan gave another value than the strict parse")
-        return findings
-    try:
-        doc = compare.load_record(path, findings)
-    except InputError:
-        return findings
-    if doc is not None:
-        ident = _identity(pristine["base"])
-        compare.check(doc, ident, findings, "base")
-        compare.diff(doc, ident.to_json())
-    return findings
+    return CALLS[case.entry](art, pristine, out, case.kind)
 
 
 def crashed(result: Any) -> str | None:

@@ -97,3 +97,11 @@ def test_a_shape_left_null_by_one_mutation_survives_the_next() -> None:
         if _edit_entry(random.Random(seed), entry, 8) == "shape":
             doubled += entry["shape"] == [None, 8, {"x": 1}]
     assert doubled > 0  # the doubling was drawn, and kept what it cannot double
+
+
+def test_every_entry_a_seed_names_has_its_call() -> None:
+    from tests.fuzz.entries import CALLS
+    from tests.fuzz.targets import ENTRIES, SEED_KINDS
+
+    assert set(ENTRIES) == set(SEED_KINDS)
+    assert {e for entries in ENTRIES.values() for e in entries} == set(CALLS)

@@ -1,0 +1,182 @@
+"""The library entry point each fuzz case calls on its mutated artifact, by entry name: one
+small function per command, as the CLI would call it (`ENTRIES` in `targets` says which kinds
+of seed each one gets). Each returns what it found (Findings, or a result holding them)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# (the mutated artifact, the pristine seeds by kind, a fresh output directory, the seed's kind)
+Call = Callable[[Path, dict[str, Path], Path, str], Any]
+
+
+def _validate(**options: Any) -> Call:
+    def call(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+        from exl3tool.actions.validate import validate_path
+        from exl3tool.checks.options import ValidateOptions
+
+        opts = dict(options)
+        if opts.pop("with_base", False):
+            opts["base"] = pristine["base"]
+        return validate_path(art, ValidateOptions(threads=1, **opts))[1]
+
+    return call
+
+
+def identity_of(art: Path) -> Any:
+    """The sha256 identity of a checkpoint, straight from the engine (one thread)."""
+    from exl3tool.formats.checkpoint import load_checkpoint
+    from exl3tool.identity.fast import compute_identity
+    from exl3tool.rules.registry import Findings
+
+    return compute_identity(load_checkpoint(art, Findings()), algo="sha256", threads=1)
+
+
+def _identity_cli(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    """As `exl3tool identity` computes it: blake3, the compatibility block, two threads."""
+    from exl3tool.actions.identity import Options, run
+
+    return run(Options(str(art), threads=2)).findings
+
+
+def _identity_manifest(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    """A layer selection, sha256, and a `sha256sum -c` manifest written beside."""
+    from exl3tool.actions.identity import Options, run
+
+    out.mkdir(parents=True, exist_ok=True)
+    opts = Options(str(art), algo="sha256", layers="3,other", threads=1,
+                   sha256sum=out / "SHA256SUMS")  # fmt: skip
+    return run(opts).findings
+
+
+def _identity_check(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    """`identity --check` of the pristine seed's record against the mutant."""
+    from exl3tool.actions.identity import Options, run
+
+    out.mkdir(parents=True, exist_ok=True)
+    record = run(Options(str(pristine[kind]), threads=1)).identity
+    assert record is not None
+    (out / "record.json").write_text(json.dumps(record.to_json()))
+    return run(Options(str(art), threads=2, check=out / "record.json")).findings
+
+
+def _inspect(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    from exl3tool.actions.inspect import describe
+
+    return describe(art).findings
+
+
+def _plan(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    from exl3tool.actions.plan import PlanOptions, run
+
+    return run(PlanOptions(str(art), tp=2, gpu_memory=1 << 30)).findings
+
+
+def _diff(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    from exl3tool.actions.diff import Options, run
+
+    return run(Options(str(art), str(pristine[kind]), threads=1))
+
+
+def _check(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    from exl3tool.actions.check import Options, run
+
+    return run(Options(config=art / "exl3tool.toml", quiet=True)).report.findings
+
+
+def _slice(mode: str = "tensor", layout: str = "per-rank") -> Call:
+    def call(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+        from exl3tool.actions.slice import Options, run
+
+        opts = Options(str(art), tp=2, mode=mode, layout=layout, max_shard_size="64KiB",
+                       verify=True, output=out, threads=1)  # fmt: skip
+        return run(opts).findings
+
+    return call
+
+
+def _slice_verify(with_source: bool) -> Call:
+    def call(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+        from exl3tool.tp.run import verify_output
+
+        return verify_output(art, pristine["base"] if with_source else None, 1)
+
+    return call
+
+
+def _stage(role: str, tp: int | None = None) -> Call:
+    def call(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+        from exl3tool.staging.stage import stage_cartridge
+
+        if role == "base":  # the mutant is the base the pristine cartridge is staged on
+            adapter, base = pristine["cartridge"], art
+        else:
+            adapter, base = art, pristine["base"]
+        return stage_cartridge(adapter, base, out=out, tp=tp, threads=1).findings
+
+    return call
+
+
+def _record_check(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    """`identity --check` and `diff` of a mutated record against its artifact."""
+    from exl3tool.identity import compare
+    from exl3tool.rules.errors import InputError
+    from exl3tool.rules.registry import Findings
+
+    findings = Findings()
+    try:
+        doc = compare.load_record(art / "record.json", findings)
+    except InputError:
+        return findings
+    if doc is not None:
+        ident = identity_of(pristine["base"])
+        compare.check(doc, ident, findings, "base")
+        compare.diff(doc, ident.to_json())
+    return findings
+
+
+def _record_scan(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    """The layout scan of records above 64 MiB: a value it gives must be the strict reader's."""
+    from exl3tool.identity.compare import RECORD_MAX_BYTES
+    from exl3tool.identity.record_scan import scan_record
+    from exl3tool.io.jsonfile import parse_json, read_json_bytes
+    from exl3tool.rules.registry import Findings
+
+    findings = Findings()
+    try:
+        data = read_json_bytes(art / "record.json", RECORD_MAX_BYTES)
+        value = scan_record(data, lambda rest: parse_json(rest, findings, "r"))
+    except (OSError, ValueError):  # NotARecord is a ValueError
+        return findings
+    if value is not None and value != parse_json(data, Findings(), "r"):
+        raise AssertionError("the layout scan gave another value than the strict parse")
+    return findings
+
+
+CALLS: dict[str, Call] = {
+    "validate": _validate(),
+    "validate-hash": _validate(hash=True),
+    "validate-tp2": _validate(tp=2),
+    "validate-base": _validate(with_base=True),
+    "identity": lambda art, pristine, out, kind: identity_of(art),
+    "identity-cli": _identity_cli,
+    "identity-manifest": _identity_manifest,
+    "identity-check": _identity_check,
+    "inspect": _inspect,
+    "plan": _plan,
+    "diff": _diff,
+    "check": _check,
+    "slice": _slice(),
+    "slice-rank-sliced": _slice(layout="rank-sliced"),
+    "slice-expert": _slice(mode="expert"),
+    "slice-verify": _slice_verify(with_source=True),
+    "slice-verify-alone": _slice_verify(with_source=False),
+    "stage": _stage("cartridge"),
+    "stage-tp2": _stage("cartridge", tp=2),
+    "stage-base": _stage("base"),
+    "record-check": _record_check,
+    "record-scan": _record_scan,
+}
