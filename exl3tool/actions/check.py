@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exl3tool.io.fs import exists, shown
+from exl3tool.io.fs import exists
 from exl3tool.report.model import Report
 from exl3tool.rules.errors import InputError, UsageError
 from exl3tool.rules.registry import Findings
@@ -65,7 +65,7 @@ def _config(opts: Options, findings: Findings, notes: list[str]) -> tuple[Any, P
         resolved = []
         for arg in opts.paths:
             if not exists(Path(arg).expanduser()) and parse_hf_id(arg) is None:
-                raise InputError(f"{shown(arg)}: no such file or directory")
+                raise InputError(f"{arg}: no such file or directory")
             resolved.append((arg, resolve_arg(arg, Path.cwd(), Findings())))
         inferred = infer(_dedup(resolved), cfg)
         cfg = inferred.config

@@ -8,7 +8,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from exl3tool.io.fs import exists, shown
+from exl3tool.io.fs import exists
 from exl3tool.rules.errors import InputError
 from exl3tool.rules.registry import Findings, Location
 
@@ -31,7 +31,7 @@ def resolve_optional(arg: str | Path | None) -> Path | None:
 def check_readable(path: Path) -> None:
     """InputError (exit 3) for a path that cannot be read at all."""
     if not exists(path):
-        raise InputError(f"{shown(path)}: no such file or directory")
+        raise InputError(f"{path}: no such file or directory")
     if not os.access(path, os.R_OK) or (path.is_dir() and not os.access(path, os.X_OK)):
         raise InputError(f"{path}: permission denied")
     if not (path.is_dir() or path.is_file()):

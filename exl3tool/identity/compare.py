@@ -12,7 +12,8 @@ from exl3tool.formats.tail import config_tail
 from exl3tool.identity.engine import ALGORITHMS
 from exl3tool.identity.fast import OTHER, SCHEMA, Identity, parse_layers
 from exl3tool.io import jsonfile
-from exl3tool.io.jsonfile import parse_json, read_json_bytes
+from exl3tool.io.fs import read_document
+from exl3tool.io.jsonfile import parse_json
 from exl3tool.rules import identity as ir
 from exl3tool.rules import io as io_rules
 from exl3tool.rules.errors import InputError
@@ -109,7 +110,7 @@ def record_problem(doc: Any) -> str | None:
 
 # A record holds ~210-300 bytes per tensor: `identity` writes 201 MiB for one header of 10^6
 # short-named tensors. Above the 64 MiB of other JSON documents a record is read by its layout
-# (`record_scan`: about its own size in memory; at most ~3x for a hostile document).
+# (`record_scan`: about its own size in memory; at most ~4x for a hostile document).
 RECORD_MAX_BYTES = 256 << 20
 
 
@@ -117,7 +118,7 @@ def load_record(path: Path, findings: Findings) -> dict[str, Any] | None:
     """Read an identity document; every defect is an ID009/JS finding."""
     label = str(path)
     try:
-        data = read_json_bytes(path, RECORD_MAX_BYTES)
+        data = read_document(path, RECORD_MAX_BYTES)
     except OSError as exc:
         raise InputError(f"{path}: {exc.strerror or exc}") from exc
     except ValueError as exc:
@@ -217,8 +218,8 @@ def _same_tensors(rt: Any, rtypes: Any, ident: Identity) -> bool:
     if type(rtypes) is not dict or list(rtypes) != list(cur):
         return False
     try:
-        dtypes = list(map(itemgetter("dtype"), rtypes.values()))
-        shapes = list(map(itemgetter("shape"), rtypes.values()))
+        dtypes = list(map(_DTYPE_OF, rtypes.values()))
+        shapes = list(map(_SHAPE_OF, rtypes.values()))
     except (KeyError, TypeError):
         return False
     if any(len(t) != 2 for t in rtypes.values()) or dtypes != list(map(_DTYPE, values)):

@@ -54,11 +54,6 @@ def _drop(v: Any) -> Any:
     return v
 
 
-def read_json_bytes(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
-    """Read a whole regular file, refusing more than max_bytes (raises OSError / ValueError)."""
-    return read_document(path, max_bytes)
-
-
 def read_json(
     path: Path,
     findings: Findings,
@@ -73,7 +68,7 @@ def read_json(
     can run; non-finite numbers are reported and returned as None (`drop_rejected`).
     """
     try:
-        data = read_json_bytes(path, max_bytes)
+        data = read_document(path, max_bytes)
     except ValueError as exc:
         findings.add(rules.JS_TOO_LARGE, f"JSON file too large: {exc}", file=label)
         return None

@@ -142,12 +142,13 @@ def _record_scan(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> 
     """The layout scan of records above 64 MiB: a value it gives must be the strict reader's."""
     from exl3tool.identity.compare import RECORD_MAX_BYTES
     from exl3tool.identity.record_scan import scan_record
-    from exl3tool.io.jsonfile import parse_json, read_json_bytes
+    from exl3tool.io.fs import read_document
+    from exl3tool.io.jsonfile import parse_json
     from exl3tool.rules.registry import Findings
 
     findings = Findings()
     try:
-        data = read_json_bytes(art / "record.json", RECORD_MAX_BYTES)
+        data = read_document(art / "record.json", RECORD_MAX_BYTES)
         value = scan_record(data, lambda rest: parse_json(rest, findings, "r"))
     except (OSError, ValueError):  # NotARecord is a ValueError
         return findings

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from exl3tool.io.fs import read_document, shown
+from exl3tool.io.fs import read_document
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.rules.check import GT_CONFIG_SCHEMA
 from exl3tool.rules.errors import UsageError
@@ -152,8 +152,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
     try:
         raw = read_document(path, CONFIG_MAX_BYTES)
     except (OSError, ValueError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else str(exc)
-        raise UsageError(f"cannot read config {shown(path)}: {why or exc}") from None
+        raise UsageError(
+            f"cannot read config {path}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
     if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
         raise UsageError("reading exl3tool.toml on Python 3.10 needs tomli: pip install tomli")
     try:
