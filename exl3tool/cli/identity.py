@@ -29,7 +29,7 @@ def identity(
         str | None, typer.Option("--layers", help="Only these layers, e.g. 3-5,7 or other.")
     ] = None,
     threads: Annotated[
-        int | None, typer.Option("--threads", min=1, help="Hashing threads (default: cores).")
+        int | None, typer.Option("--threads", min=1, help="Hashing workers (default: cores).")
     ] = None,
     fmt: Annotated[
         Literal["text", "json", "sarif", "junit"] | None,

@@ -46,7 +46,7 @@ def validate(
         ),
     ] = None,
     threads: Annotated[
-        int | None, typer.Option("--threads", help="Hashing threads (default: all cores).")
+        int | None, typer.Option("--threads", help="Hashing workers (default: all cores).")
     ] = None,
     runtime: Annotated[
         Literal["public", "cartridge"],

@@ -15,11 +15,15 @@ bytes. Either way resident memory stays near MAP_RESIDENT (plus one tensor per t
 (issue 15): a file that shrank, changed or was replaced by a rename is `InputChanged` (exit 3),
 never a digest.
 The algorithms in MAPPED use leases; EXL3TOOL_NO_LEASE=1 reads every file with pread.
+From FORK_MIN_THREADS threads (on Linux) the units are hashed by forked worker processes
+(io/forkpool), not threads: no GIL between them, and each drops pages in its own address space;
+EXL3TOOL_NO_FORK=1 keeps threads.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
@@ -27,6 +31,7 @@ from itertools import compress
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
+from exl3tool.io import forkpool
 from exl3tool.io.lease import LeasedMap, LeaseRefused
 from exl3tool.io.progress import NO_PROGRESS, Progress
 from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo
@@ -55,6 +60,12 @@ MAP_WINDOW = 8 << 20
 MAP_BATCH = 32 << 20
 MAP_RESIDENT = 128 << 20
 DROP_MIN = 2 << 20  # the least a worker hashes between drops (each stalls every thread)
+# One-thread units go to forked workers (io/forkpool) from this many threads and this many
+# bytes: 16-core host, GLM-5.2 mix, 36 GB: 16 processes 1.2 s, 16 threads 2.6 s
+# (benchmarks/identity_process_probe.py); 2 cores: the same within 1 %. A fork costs ~1 ms.
+FORK_MIN_THREADS = 4
+FORK_MIN_BYTES = 1 << 30
+FORK_MAX_RSS = 2 << 30
 # Hashes read from mappings where a lease allows: the pread copy costs more than the mapping's
 # page faults for both (2-core VM, 4.2 GB GLM mix: sha256 1.68 s mapped vs 1.98 s with pread,
 # system time 0.11 vs 0.52 s; an earlier VM had measured the other way for sha256).
@@ -562,7 +573,10 @@ def _hash(
             _lease_all(files)
         alone, batches = _batches(plan.small, files, plan.large)
         units += plan.units + alone + batches
-        run_threads([worker] * max(1, min(threads, len(units))), "exl3hash")
+        if _forking(threads, units, plan.large):
+            _run_forked(units, plan.large, files, ctor, algo, prog, threads, digests, second)
+        else:
+            run_threads([worker] * max(1, min(threads, len(units))), "exl3hash")
         if errors:
             raise errors[0]
         for f in files.values():  # the stability proof: nothing changed while it was hashed
@@ -574,6 +588,99 @@ def _hash(
         return out, {}
     flags = second.wanted
     return out, dict(zip(compress(plan.keys, flags), compress(second.out, flags), strict=True))
+
+
+def _unit_bytes(unit: _Job | _Batch, large: dict[int, tuple[Segment, ...]]) -> int:
+    if type(unit) is _Batch:
+        return unit.hi - unit.lo
+    return sum(end - start for _, start, end in large[unit.index])  # type: ignore[union-attr]
+
+
+def _fork_unsafe() -> bool:
+    """A process that holds torch (its thread pools and CUDA state do not survive a fork) or
+    more than FORK_MAX_RSS (each fork copies its page tables, and what it writes while the
+    workers live is copied) hashes with threads."""
+    return "torch" in sys.modules or forkpool.resident_bytes() > FORK_MAX_RSS
+
+
+def _forking(
+    threads: int, units: Sequence[_Job | _Batch], large: dict[int, tuple[Segment, ...]]
+) -> bool:
+    """Whether this pool's one-thread units go to forked workers (see FORK_MIN_*)."""
+    if threads < FORK_MIN_THREADS or os.environ.get("EXL3TOOL_NO_FORK") or not forkpool.available():
+        return False
+    if _fork_unsafe():
+        return False
+    todo = 0
+    for u in units:
+        if type(u) is _Batch or u.threads == 1:
+            todo += _unit_bytes(u, large)
+            if todo >= FORK_MIN_BYTES:
+                return True
+    return False
+
+
+def _run_forked(
+    units: Sequence[_Job | _Batch],
+    large: dict[int, tuple[Segment, ...]],
+    files: dict[Path, _File],
+    ctor: Any,
+    algo: str,
+    prog: Any,
+    threads: int,
+    digests: list[Any],
+    second: _Second | None,
+) -> None:
+    """Every one-thread unit hashed by `threads` forked workers (io/forkpool) while this
+    process hashes the jobs of a multi-threaded blake3 hasher itself (a forked worker has no
+    hasher threads: blake3's pool does not survive a fork)."""
+    job_mask = (1 << _JOB_BITS) - 1
+    forked = [u for u in units if type(u) is _Batch or u.threads == 1]
+
+    def start(progress: Any) -> Any:  # in each worker
+        w = _Worker(files, ctor, algo, _Tracker(progress), [], _drop_span(threads), second)
+
+        def work(unit: _Job | _Batch) -> tuple[list[int], list[Any], list[Any] | None]:
+            if type(unit) is _Batch:
+                w.batch(unit, digests)
+                jobs = [k & job_mask for k in unit.jobs]
+            else:
+                i = unit.index  # type: ignore[union-attr]
+                both = second is not None and bool(second.wanted[i])
+                digests[i], again = w.job(large[i], 1, both)
+                if both:
+                    second.out[i] = again  # type: ignore[union-attr]
+                jobs = [i]
+            w.track.flush()
+            also = None if second is None else [second.out[j] for j in jobs]
+            return jobs, [digests[j] for j in jobs], also
+
+        return work
+
+    def accept(result: tuple[list[int], list[Any], list[Any] | None]) -> None:  # in this one
+        jobs, hexes, also = result
+        for j, h in zip(jobs, hexes, strict=True):
+            digests[j] = h
+        if also is not None and second is not None:
+            for j, h in zip(jobs, also, strict=True):
+                if h is not None:
+                    second.out[j] = h
+
+    pool = forkpool.ForkPool(threads, forked, start, accept, prog) if forked else None
+    try:
+        w = _Worker(files, ctor, algo, _Tracker(prog), [], _drop_span(threads), second)
+        for u in units:
+            if type(u) is _Job and u.threads > 1:
+                both = second is not None and bool(second.wanted[u.index])
+                digests[u.index], again = w.job(large[u.index], u.threads, both)
+                if both:
+                    second.out[u.index] = again  # type: ignore[union-attr]
+        w.track.flush()
+        if pool is not None:
+            pool.wait()
+    finally:
+        if pool is not None:
+            pool.close()
 
 
 def hash_tensors(

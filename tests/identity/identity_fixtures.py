@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -100,3 +101,25 @@ def flip_byte(path: Path, offset: int) -> None:
         b = fh.read(1)
         fh.seek(offset)
         fh.write(bytes([b[0] ^ 0x5A]))
+
+
+def force_fork(monkeypatch: Any) -> list[int]:
+    """Make the engine hash with forked workers from 2 threads and any size; the returned
+    list gets the number of workers of each pool it forks."""
+    from exl3tool.identity import engine
+    from exl3tool.io import forkpool
+
+    monkeypatch.setattr(engine, "FORK_MIN_THREADS", 2)
+    monkeypatch.setattr(engine, "FORK_MIN_BYTES", 0)
+    monkeypatch.setattr(engine, "_fork_unsafe", lambda: False)  # pytest may hold torch
+    monkeypatch.delenv("EXL3TOOL_NO_FORK", raising=False)
+    sizes: list[int] = []
+    real = forkpool.ForkPool
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        pool = real(*args, **kwargs)
+        sizes.append(pool.size)
+        return pool
+
+    monkeypatch.setattr(forkpool, "ForkPool", counted)
+    return sizes

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 from pathlib import Path
 
 import blake3
 import numpy as np
 import pytest
-from identity_fixtures import write_shard
+from identity_fixtures import force_fork, write_shard
 
 from exl3tool.identity import engine
 from exl3tool.identity.engine import (
@@ -96,13 +97,18 @@ def test_interleaved_segments_of_several_files(
 
 
 @pytest.mark.parametrize("lease", [True, False])
-@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("threads", [1, 3, "3 forked"])
 def test_a_second_algorithm_from_the_same_reads(
-    tmp_path: Path, shard: Path, lease: bool, threads: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, shard: Path, lease: bool, threads: int | str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """blake3 of every job and sha256 of the chosen ones: batched small tensors, a large one,
-    several segments, a multi-threaded blake3 job; the same digests as two passes, only the
-    chosen keys in the second, and progress counts the bytes of both."""
+    several segments, a multi-threaded blake3 job (this process's own when the rest is hashed
+    by forked workers); the same digests as two passes, only the chosen keys in the second,
+    and progress counts the bytes of both."""
+    forked = force_fork(monkeypatch) if threads == "3 forked" else None
+    if forked is None:
+        monkeypatch.setenv("EXL3TOOL_NO_FORK", "1")
+    threads = 3 if forked is not None else int(threads)
     monkeypatch.setattr(engine, "READ", 4096)
     monkeypatch.setattr(engine, "SMALL", 2048)
     monkeypatch.setattr(engine, "MT_READ", 65536)
@@ -131,6 +137,7 @@ def test_a_second_algorithm_from_the_same_reads(
     assert second == want and set(second) == chosen
     size = {k: sum(s.nbytes for s in segs) for k, segs in jobs}
     assert counter.n == sum(size.values()) + sum(size[k] for k in chosen)
+    assert forked is None or (forked and min(forked) >= 1), forked
 
 
 def test_a_second_algorithm_is_checked(shard: Path) -> None:
@@ -166,3 +173,33 @@ def test_truncated_file_is_input_error(tmp_path: Path) -> None:
     p.write_bytes(b"abc")
     with pytest.raises(InputError):
         hash_segments([("x", [Segment(p, 0, 10)])])
+
+
+def test_when_the_engine_forks_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From FORK_MIN_THREADS threads and FORK_MIN_BYTES of one-thread units, on Linux; never
+    under EXL3TOOL_NO_FORK, in a process holding torch, or one larger than FORK_MAX_RSS."""
+    from exl3tool.io import forkpool
+
+    monkeypatch.delenv("EXL3TOOL_NO_FORK", raising=False)
+    monkeypatch.setattr(engine, "FORK_MIN_BYTES", 100)
+    monkeypatch.setattr(forkpool, "available", lambda: True)
+    monkeypatch.setattr(forkpool, "resident_bytes", lambda: 100 << 20)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # other tests may have loaded it
+    p = Path("f")
+    large = {0: (Segment(p, 0, 60),), 1: (Segment(p, 0, 60),)}
+    one, multi = engine._Job(0, 1), engine._Job(1, 8)
+    batch = engine._Batch(p, 0, 50, [])
+    n = engine.FORK_MIN_THREADS
+    assert engine._forking(n, [one, batch], large)
+    assert not engine._forking(n - 1, [one, batch], large)
+    assert not engine._forking(n, [one], large)  # 60 bytes < FORK_MIN_BYTES
+    assert not engine._forking(n, [multi, batch], large)  # the multi-threaded job stays here
+    monkeypatch.setenv("EXL3TOOL_NO_FORK", "1")
+    assert not engine._forking(n, [one, batch], large)
+    monkeypatch.delenv("EXL3TOOL_NO_FORK")
+    monkeypatch.setitem(sys.modules, "torch", object())
+    assert not engine._forking(n, [one, batch], large)
+    monkeypatch.delitem(sys.modules, "torch")
+    assert engine._forking(n, [one, batch], large)
+    monkeypatch.setattr(forkpool, "resident_bytes", lambda: engine.FORK_MAX_RSS + 1)
+    assert not engine._forking(n, [one, batch], large)

@@ -17,7 +17,7 @@ from pathlib import Path
 import blake3
 import numpy as np
 import pytest
-from identity_fixtures import write_shard
+from identity_fixtures import force_fork, write_shard
 
 from exl3tool.identity import engine
 from exl3tool.identity.engine import Segment, hash_files, hash_segments, hash_tensors
@@ -47,13 +47,17 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 
 
 @pytest.mark.parametrize("algo", ["sha256", "blake3"])
-@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("threads", [1, 3, "3 forked"])
 def test_mapped_windows_hash_like_reference(
-    tmp_path: Path, algo: str, threads: int, mode: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, algo: str, threads: int | str, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Tiny windows and batches: a job spans many mappings, windows of interleaved files are
     remapped in any order, batches never cross their hull; read with pread, a blake3 job too
-    large for a READ batch is hashed alone."""
+    large for a READ batch is hashed alone; the same by forked workers."""
+    forked = force_fork(monkeypatch) if threads == "3 forked" else None
+    if forked is None:
+        monkeypatch.setenv("EXL3TOOL_NO_FORK", "1")
+    threads = 3 if forked is not None else int(threads)
     monkeypatch.setattr(engine, "READ", 6000)
     monkeypatch.setattr(engine, "SMALL", 3000)
     monkeypatch.setattr(engine, "MAP_WINDOW", 8192)
@@ -80,6 +84,7 @@ def test_mapped_windows_hash_like_reference(
     data = {a: a.read_bytes(), b: b.read_bytes()}
     want = {k: ref(b"".join(data[p][s:e] for p, s, e in segs)).hexdigest() for k, segs in jobs}
     assert hash_segments(jobs, algo, threads=threads) == want
+    assert forked is None or (forked and min(forked) >= 1), forked
 
 
 def test_a_writer_holding_the_file_open_means_pread(tmp_path: Path) -> None:
@@ -164,6 +169,18 @@ class Progress:  # every worker waits here until the other process is done or he
             time.sleep(0.005)
 
 
+if api == "batch forked":  # the same in a forked worker (the other workers hash on)
+    from exl3tool.io import forkpool
+    engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES = 2, 0
+    api, real = "batch", forkpool.ForkPool
+
+    def counted(*args, **kwargs):
+        print("FORKED", flush=True)
+        return real(*args, **kwargs)
+
+    forkpool.ForkPool = counted
+else:
+    os.environ["EXL3TOOL_NO_FORK"] = "1"
 if api == "batch":  # one mapped batch holds the whole shard: the break comes inside it
     import blake3
     engine.MAP_BATCH = engine.MAP_RESIDENT = 1 << 23
@@ -195,7 +212,7 @@ print("DIGESTS", len(out))
 """
 
 
-@pytest.mark.parametrize("api", ["files", "tensors", "batch"])
+@pytest.mark.parametrize("api", ["files", "tensors", "batch", "batch forked"])
 @pytest.mark.parametrize("what", ["truncate", "open for writing"])
 def test_change_while_hashed_is_exit_3_never_sigbus(
     tmp_path: Path, mode: str, what: str, api: str
@@ -208,10 +225,12 @@ def test_change_while_hashed_is_exit_3_never_sigbus(
     write_shard(shard, {f"t{i}": rng.integers(0, 255, 40_000, dtype=np.uint8) for i in range(100)})
     leased = mode == "lease" and _lease_works(shard)
     r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CHILD), str(shard), what.split()[0], api, TRUNCATE],
+        [sys.executable, "-c", textwrap.dedent(CHILD), str(shard), what.split()[0], api,
+         TRUNCATE],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode >= 0, f"killed by signal {signal.Signals(-r.returncode).name}: {r.stderr}"
+    assert ("FORKED" in r.stdout) == (api == "batch forked"), r.stdout
     if what == "truncate" or leased:
         assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
         assert "CHANGED" in r.stdout and "m.safetensors" in r.stdout
