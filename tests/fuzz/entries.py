@@ -42,6 +42,20 @@ def _identity_cli(art: Path, pristine: dict[str, Path], out: Path, kind: str) ->
     return run(Options(str(art), threads=2)).findings
 
 
+def _identity_forked(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    """The same, hashed by forked workers (the engine's path from 4 workers and 1 GiB, here
+    at any size): a worker's error must reach the caller as the thread's would."""
+    from exl3tool.actions.identity import Options, run
+    from exl3tool.identity import engine
+
+    saved = engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES
+    engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES = 2, 0
+    try:
+        return run(Options(str(art), threads=2)).findings
+    finally:
+        engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES = saved
+
+
 def _identity_manifest(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
     """A layer selection, sha256, and a `sha256sum -c` manifest written beside."""
     from exl3tool.actions.identity import Options, run
@@ -164,6 +178,7 @@ CALLS: dict[str, Call] = {
     "validate-base": _validate(with_base=True),
     "identity": lambda art, pristine, out, kind: identity_of(art),
     "identity-cli": _identity_cli,
+    "identity-forked": _identity_forked,
     "identity-manifest": _identity_manifest,
     "identity-check": _identity_check,
     "inspect": _inspect,

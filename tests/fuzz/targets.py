@@ -105,9 +105,10 @@ class Case:
     layout: Layout
 
 
-# the identity as the CLI computes it (blake3, the compatibility block, two threads), and with a
-# layer selection and a `sha256sum -c` manifest; validate against a TP size
-_MORE = ("identity-cli", "identity-manifest", "identity-check", "validate-tp2")
+# the identity as the CLI computes it (blake3, the compatibility block, two threads; and hashed
+# by forked workers), and with a layer selection and a `sha256sum -c` manifest; validate
+# against a TP size
+_MORE = ("identity-cli", "identity-forked", "identity-manifest", "identity-check", "validate-tp2")
 _BASE = ("validate", "validate", "validate-hash", "identity", "stage-base", *_MORE)
 _CHECKPOINT = (
     "validate",
