@@ -44,6 +44,7 @@ from exl3tool.checks.rank_sliced import (
     check_tail,
     report_missing_expert_count,
 )
+from exl3tool.checks.replicas import check_replicas
 from exl3tool.checks.routers import check_routers
 from exl3tool.checks.worker import Forked
 from exl3tool.formats.checkpoint import Checkpoint
@@ -190,6 +191,8 @@ def check_r7(
         check_layer_manifests(ckpt, block, qc, payload, findings, digests=digests, results=results)
         findings.extend(later)
     check_checkpoint_manifest(ckpt, findings, digests)
+    if digests is not None and table.ranked:  # the carried tail's rank copies
+        check_replicas(ckpt, findings, digests)
     if digests is None:
         findings.add(
             r7.R7_HASH_SKIPPED,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exl3tool.checks.budget import check_declared
+from exl3tool.checks.digests import Digests
 from exl3tool.checks.exl3_linear import (
     check_linears,
     check_marker,
@@ -17,6 +18,7 @@ from exl3tool.checks.exl3_linear import (
 )
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.payload import FiniteCheck, RandomAccessReader, Scan
+from exl3tool.checks.replicas import check_replicas
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import ExpertTable, expert_count, expert_table
@@ -325,3 +327,6 @@ def check_rank_sliced(ckpt: Checkpoint, findings: Findings, options: ValidateOpt
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
         check_linears(group_linears(others), ckpt.tensors, findings, reader, finite)
         flush_payload_checks(reader, finite, findings)
+    if options.hash:
+        rejected = ckpt.damaged_shards | ckpt.rejected_files
+        check_replicas(ckpt, findings, Digests(ckpt.root, options, rejected))

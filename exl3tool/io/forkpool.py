@@ -238,8 +238,9 @@ def _worker(  # pragma: no cover (runs in the forked process)
             send(_DONE, None)
         except BaseException as exc:
             try:
+                pickle.loads(pickle.dumps(exc))  # one the parent could not rebuild is sent as text
                 send(_ERROR, exc)
-            except Exception:  # not picklable: its message still reaches the parent
+            except Exception:
                 send(_ERROR, RuntimeError(f"{type(exc).__name__}: {exc}"))
         pipe.flush()
         code = 0

@@ -266,6 +266,7 @@ RULE_OUTCOME = MappingProxyType(
         "R7053": _C, "R7054": _C, "R7060": _C,
         "R7045": _S, "R7046": _S, "R7051": _S,  # bytes differ from what the producer sealed
         "RS007": _C,  # ranks >= tp are dropped, never loaded
+        "RS012": _S,  # ranks would serve different replicated weights
         "MB001": _C, "MB002": _C, "MB005": _C, "MB013": _C, "MB014": _C, "MB015": _C,
         "MB018": _C,
         "MB016": _S,  # bytes differ from the published MANIFEST.sha256

@@ -159,6 +159,7 @@ EXAMPLES = MappingProxyType(
         "RS009": '"tp": 4 with moe_intermediate_size 768 (192 channels per rank)',
         "RS010": '"rotation_layout": "shared_h_v1" without shared_h_tensor_schema',
         "RS011": '"bits": "mixed" without tier_bitmap.json',
+        "RS012": "rank1 copy of …experts.0.up_proj.suh differs from rank0's (validate --hash)",
         "RS020": '"bits": 2 in a uniform rank-sliced layer (validate --runtime public)',
         "RS021": 'tier_bitmap.json {"3": {"k": [3, 4, 5, 3]}} (three bitrates in one layer)',
         "RS099": "a rank-sliced layer on which a check raises (the finding names the exception)",

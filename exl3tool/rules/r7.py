@@ -444,6 +444,16 @@ RS_TIER_BITMAP = rule(
     'bits "mixed" needs k_values (3..6) and bits_per_expert "tier_bitmap.json:k" with a K per expert (§7.1).',
     "Ship tier_bitmap.json and declare k_values.",
 )
+RS_REPLICA = rule(
+    "RS012",
+    "replica-mismatch",
+    E,
+    "A replicated rank copy differs from rank 0's copy (--hash)",
+    "The H-side vector (suh of gate/up, svh of down) and mcg are byte-identical on every rank "
+    "(§7.1); each rank loads its own copy, so a copy that differs makes the ranks serve "
+    "different weights, with no error anywhere.",
+    "Re-slice the layer from its source, or copy rank 0's tensor to the other ranks.",
+)
 R7_STORAGE_REQUIRED = rule(
     "R7080",
     "dense-tensor-storage-missing",

@@ -74,6 +74,11 @@ class _Sink:
     def vector(self, name: str, n: int) -> None:
         self._add(name, "F16", (n,), lambda: scales(self.rng, n))
 
+    def copy(self, name: str, of: str) -> None:
+        """A tensor with the same dtype, shape and bytes as the earlier `of` (a replica)."""
+        spec = next(s for s in self.specs if s.name == of)
+        self._add(name, spec.dtype, spec.shape, lambda: self.arrays[of].copy())
+
     def mcg(self, name: str) -> None:
         self.markers[name] = MCG_MARKER
         self._add(name, "I32", (), lambda: np.array(MCG_MARKER, dtype="<i4"))
@@ -128,15 +133,22 @@ def rank_sliced_layer(
     for e in range(n_experts):
         for proj in PROJECTIONS:
             k = k_of(layer, e, proj)
+            first = f"model.layers.{layer}.mlp.experts.{e}.{proj}.rank0"
             for r in range(tp):
                 p = f"model.layers.{layer}.mlp.experts.{e}.{proj}.rank{r}"
                 if proj == "down_proj":  # tile axis 0 split; suh sliced, svh replicated
                     sink.trellis(f"{p}.trellis", part, hidden, k)
                     sink.vector(f"{p}.suh", part)
-                    sink.vector(f"{p}.svh", hidden)
+                    if r == 0:
+                        sink.vector(f"{p}.svh", hidden)
+                    else:
+                        sink.copy(f"{p}.svh", f"{first}.svh")
                 else:  # tile axis 1 split; svh sliced, suh replicated
                     sink.trellis(f"{p}.trellis", hidden, part, k)
-                    sink.vector(f"{p}.suh", hidden)
+                    if r == 0:
+                        sink.vector(f"{p}.suh", hidden)
+                    else:
+                        sink.copy(f"{p}.suh", f"{first}.suh")
                     sink.vector(f"{p}.svh", part)
                 sink.mcg(f"{p}.mcg")
 
@@ -158,6 +170,7 @@ class R7Spec:
     k_map: Mapping[tuple[int, int, str], int] = field(default_factory=dict)  # overrides
     mtp: bool = True
     mtp_bits: int = 4
+    mtp_tp: int = 1  # the carried layer's rank slices (its tail's "tp")
     quant_method: str = "modelopt"
     dense_width: int = 32  # small side of carrier (non-expert) tensors
     vocab: int = 64
@@ -326,7 +339,7 @@ def _mtp_tail(spec: R7Spec) -> dict[str, Any]:
         "experts_per_layer": spec.n_experts,
         "moe_layers": [m, m],
         "tensor_schema": RANK_SLICED_SCHEMA,
-        "tp": 1,
+        "tp": spec.mtp_tp,
         "rotation_layout": "per_expert_v1",
         "exllamav3_version": "1.6.5",
         "r7_compat_role": "carried_mtp78_only",
@@ -415,7 +428,13 @@ def _mtp_sink(b: _R7Build) -> _Sink:
     mtp.weight(f"model.layers.{m}.eh_proj.weight", (spec.hidden, 2 * spec.hidden))
     _dense_layer(mtp, spec, m, moe=True)
     rank_sliced_layer(
-        mtp, m, spec.n_experts, spec.hidden, spec.moe_intermediate, 1, lambda *_: spec.mtp_bits
+        mtp,
+        m,
+        spec.n_experts,
+        spec.hidden,
+        spec.moe_intermediate,
+        spec.mtp_tp,
+        lambda *_: spec.mtp_bits,
     )
     return mtp
 

@@ -306,6 +306,12 @@ CASES = [
         drop("model.layers.1.mlp.experts.2.down_proj.rank1.trellis"),
         id="legacy",
     ),
+    Case(
+        "RS012",
+        "rank-sliced",
+        put("model.layers.1.mlp.experts.2.up_proj.rank1.suh", "F16", f16(128)),
+        HASH,
+    ),
     # --- plain EXL3 ----------------------------------------------------------------------------
     Case("EX001", "exl3", put(f"{Q}.trellis", "I32", np.zeros((16, 16, 32), dtype="<i4"))),
     Case("EX002", "exl3", put(f"{Q}.trellis", "I16", trellis(16, 16, 20))),

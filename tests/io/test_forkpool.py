@@ -123,6 +123,20 @@ def test_an_error_that_cannot_be_pickled_still_reaches_the_parent() -> None:
     assert _no_children_left()
 
 
+class NeedsTwo(Exception):
+    def __init__(self, a: int, b: int) -> None:  # pickles, but cannot be rebuilt from args
+        super().__init__(f"needs two: {a}")
+
+
+def test_an_error_the_parent_could_not_rebuild_arrives_as_text() -> None:
+    def work(u: int) -> int:
+        raise NeedsTwo(u, 2)
+
+    with pytest.raises(RuntimeError, match="NeedsTwo: needs two"):
+        _run([1, 2, 3], work)
+    assert _no_children_left()
+
+
 def test_a_killed_worker_is_worker_died_exit_3() -> None:
     def work(u: int) -> int:
         if u == 3:
