@@ -169,3 +169,18 @@ def test_a_worker_ignores_sigint_its_parent_stops_it() -> None:
 
     got, _ = _run(list(range(5)), work)
     assert sorted(got) == list(range(5))
+
+
+def test_a_pool_forked_from_a_worker_thread() -> None:
+    """A caller that hashes on a thread of its own forks from that thread: the worker sets its
+    signals as the main thread of its own process."""
+    out: list[Any] = []
+
+    def caller() -> None:
+        out.append(_run(list(range(20)), lambda u: u * 2)[0])
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join()
+    assert sorted(out[0]) == [u * 2 for u in range(20)]
+    assert _no_children_left()
