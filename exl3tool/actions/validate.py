@@ -62,7 +62,7 @@ def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptio
         return check_rank(ckpt, kind, rank, findings, options)
     if kind is Kind.R7 and not options.hash:
         from exl3tool.checks.r7 import prefetch_r7
-        from exl3tool.checks.worker import Forked, can_fork
+        from exl3tool.io.forked import Forked, can_fork
 
         # The layer shards' small payloads and the per-layer manifests need only the files: a
         # worker forked now (while this process is small: few pages to copy on write) reads

@@ -7,7 +7,7 @@ Digests are recomputed only under `--hash`.
 
 What needs only the files (the per-layer manifests, the layer shards' markers and small
 vectors) may be read ahead by a worker forked before the checkpoint loads (`prefetch_r7`,
-`checks/worker`); the findings and their order are the same either way.
+`io/forked`); the findings and their order are the same either way.
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ from exl3tool.checks.rank_sliced import (
 )
 from exl3tool.checks.replicas import check_replicas
 from exl3tool.checks.routers import check_routers
-from exl3tool.checks.worker import Forked
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import expert_count, expert_table
 from exl3tool.formats.r7 import Block, R7Payload, layer_shard
 from exl3tool.formats.tail import POINTER, Tail, parse_tail, raw_tail
+from exl3tool.io.forked import Forked
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import r7 as r7
 from exl3tool.rules.registry import Findings

@@ -12,7 +12,7 @@ from typing import Any
 
 from exl3tool.checks.budget import check_declared
 from exl3tool.checks.digests import Digests, sha_ok
-from exl3tool.checks.worker import Row, from_rows, rows
+from exl3tool.checks.rows import Row, from_rows, rows
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef, present
 from exl3tool.formats.r7 import Block, R7Payload, layer_manifest, layer_shard
 from exl3tool.io.jsonfile import read_json

@@ -13,7 +13,7 @@ only its own worker) and sends each result back; the parent's reader threads pas
 `accept`. The first error of any worker (its exception, pickled, or its death by a signal:
 WorkerDied) is raised by `wait()`; the other workers are then killed. Workers never return to the caller's
 code: they leave with `os._exit` and ignore SIGINT (the parent stops them).
-Linux only (`available()`). Unlike checks/worker, this forks while other threads run (a progress
+Linux only (`available()`). Unlike io/forked, this forks while other threads run (a progress
 bar's refresh thread): a lock one of them held at the fork stays held in the worker, so a worker
 touches nothing but its units, their files and its pipes, and its sys.stdout and sys.stderr are
 /dev/null (a message Python itself prints there cannot wait for a lock of the parent's).

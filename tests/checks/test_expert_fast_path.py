@@ -13,7 +13,7 @@ from test_rules import CASES, E0, L1, L2, _id, drop, f16, put, trellis
 import exl3tool.checks.r7_experts as rx
 from exl3tool.actions.validate import validate_path
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.checks.worker import rows
+from exl3tool.checks.rows import rows
 from exl3tool.formats.names import PROJECTIONS
 
 

@@ -16,9 +16,10 @@ from checks_fixtures import copy, edit_json, edit_shard
 
 from exl3tool.actions import validate
 from exl3tool.actions.validate import validate_path
-from exl3tool.checks import worker
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.checks.worker import Forked, from_rows, rows
+from exl3tool.checks.rows import from_rows, rows
+from exl3tool.io import forked as worker
+from exl3tool.io.forked import Forked
 from exl3tool.rules import r7 as r7_rules
 from exl3tool.rules.registry import Findings
 
@@ -123,7 +124,7 @@ def test_an_interrupt_exits_130_143_and_leaves_no_child(sig: str, code: int) -> 
     script = textwrap.dedent(f"""
         import os, signal, sys
         from exl3tool.cli import signals
-        from exl3tool.checks.worker import Forked
+        from exl3tool.io.forked import Forked
         signals.install()
         r, w = os.pipe()
         work = None

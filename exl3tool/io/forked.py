@@ -1,10 +1,11 @@
-"""One check run in a forked child while the parent goes on with the others (a second core).
+"""One function computed by a forked child while the parent goes on (a second core); validate's
+R7 read-ahead. io/forkpool is its sibling for a pool of workers.
 
-The child only computes: it returns plain data through a pipe (findings as `rows`), and the
-parent decides what to do with it. Whenever the child cannot be used (no fork, one core,
-`--threads 1`, other threads running, the child died, raised, was killed or went silent for
-`TIMEOUT_S` while awaited) the parent runs the same function itself, so results never depend on whether a
-child ran. The child is always reaped: `close` (also on an exception or an interrupt in the
+The child only computes: it returns plain data through a pipe (checks send findings as
+`checks/rows`), and the parent decides what to do with it. Whenever the child cannot be used
+(no fork, one core, `--threads 1`, other threads running, the child died, raised, was killed or
+went silent for `TIMEOUT_S` while awaited) the parent runs the same function itself, so results
+never depend on whether a child ran. The child is always reaped: `close` (also on an exception or an interrupt in the
 parent) kills it if it still runs and waits for it; SIGINT and SIGTERM kill the child outright.
 """
 
@@ -18,32 +19,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
-
-from exl3tool.rules.registry import Finding, Location, Severity, get_rule
 
 T = TypeVar("T")
 TIMEOUT_S = 120.0  # of silence while the parent waits: it then runs the function itself
 _CHUNK = 1 << 20
 _NONE = object()
-Row = tuple[str, str, "str | None", "str | None", "str | None", "str | None"]
-
-
-def rows(findings: Iterable[Finding]) -> tuple[Row, ...]:
-    """Findings as plain tuples (rules by code: a pickled Rule would be a copy, not the rule)."""
-    out = []
-    for f in findings:
-        loc, sev = f.location, f.severity
-        out.append((f.rule.code, f.message, loc.file, loc.tensor, loc.pointer, sev and sev.value))
-    return tuple(out)
-
-
-def from_rows(items: Iterable[Row]) -> list[Finding]:
-    return [
-        Finding(get_rule(code), msg, Location(file, tensor, ptr), Severity(sev) if sev else None)
-        for code, msg, file, tensor, ptr, sev in items
-    ]
 
 
 def can_fork(threads: int | None) -> bool:
