@@ -36,7 +36,7 @@ def main() -> int:
     from bench_verify_swap import build
 
     from exl3tool.runtime.engine import stage_adapter
-    from exl3tool.runtime.verify import corrupt_copy
+    from exl3tool.runtime.verify_parts import corrupt_copy
 
     root = Path(args.dir)
     base, cart = root / "base", root / "cart"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from exl3tool.actions.validate_checkpoint import check_checkpoint
 from exl3tool.checks import slices
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
@@ -24,8 +25,6 @@ def check_rank(
     conformance rule on the rank's view (slice geometry). Identities are over the whole source,
     so digests are the manifest's job: the family checks run without --hash."""
     from dataclasses import replace
-
-    from exl3tool.actions.validate import check_checkpoint
 
     doc, rec = rank
     slices.check_rank_tensors(ckpt, rec, findings)

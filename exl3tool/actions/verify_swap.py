@@ -105,7 +105,8 @@ def run(opts: Options) -> VerifyResult:
     adapter_b, dense = resolve_optional(opts.adapter_b), resolve_optional(opts.dense)
     _check_device(opts.device, opts.tp)
     from exl3tool.runtime.distributed import env_world
-    from exl3tool.runtime.verify import VerifyOptions, parse_layers, run_verify
+    from exl3tool.runtime.verify import VerifyOptions, run_verify
+    from exl3tool.runtime.verify_parts import parse_layers
 
     selected = parse_layers(opts.layers)  # a malformed spec is a UsageError (io/layer_spec)
     refused = tp_refusal(base, [a for a in (adapter, adapter_b) if a is not None], opts.tp)

@@ -12,7 +12,7 @@ from exl3tool.runtime import verify_steps as vs
 from exl3tool.runtime.base import BaseModel
 from exl3tool.runtime.compare import Tally, compare
 from exl3tool.runtime.engine import RolledBack, StageAhead, Staged, StagingFailed, SwapEngine
-from exl3tool.runtime.verify import Check, Timer
+from exl3tool.runtime.verify_parts import Check, Timer
 
 
 def merge_layer_checks(name: str, per_layer: list[tuple[int, Check]]) -> Check:

@@ -25,7 +25,14 @@ from exl3tool.runtime.compare import Tally
 from exl3tool.runtime.distributed import Comm
 from exl3tool.runtime.engine import RolledBack, StageAhead, Staged, StagingFailed, SwapEngine
 from exl3tool.runtime.layer_progress import LayerProgress
-from exl3tool.runtime.verify import (
+from exl3tool.runtime.verify_layer_checks import (
+    exllamav3_check,
+    failure_check,
+    merge_layer_checks,
+    quality_check,
+    swap_check,
+)
+from exl3tool.runtime.verify_parts import (
     Check,
     RankResult,
     Timer,
@@ -36,13 +43,6 @@ from exl3tool.runtime.verify import (
     load_dense,
     pick_layers,
     tp_tolerance_check,
-)
-from exl3tool.runtime.verify_layer_checks import (
-    exllamav3_check,
-    failure_check,
-    merge_layer_checks,
-    quality_check,
-    swap_check,
 )
 from exl3tool.runtime.warmup import start_warmup
 

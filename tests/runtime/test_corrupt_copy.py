@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exl3tool.runtime.verify import corrupt_copy
+from exl3tool.runtime.verify_parts import corrupt_copy
 
 
 def _shard(path: Path, payload: bytes) -> None:
@@ -36,7 +36,7 @@ def test_flips_one_payload_byte_of_the_smallest_shard(tmp_path) -> None:
 def test_the_layout_opens_only_regular_files_inside_the_adapter(tmp_path) -> None:
     """verify-swap lays the drill out before staging has vetted the manifest: a FIFO must not
     block it, a path outside the adapter must not be read."""
-    from exl3tool.runtime.verify import corrupt_layout
+    from exl3tool.runtime.verify_parts import corrupt_layout
 
     src = tmp_path / "a"
     src.mkdir()

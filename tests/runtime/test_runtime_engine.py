@@ -12,7 +12,8 @@ from exl3tool.runtime.base import load_base
 from exl3tool.runtime.distributed import Comm
 from exl3tool.runtime.engine import RolledBack, StagingFailed, SwapEngine
 from exl3tool.runtime.moe import route
-from exl3tool.runtime.verify import VerifyOptions, corrupt_copy, run_verify
+from exl3tool.runtime.verify import VerifyOptions, run_verify
+from exl3tool.runtime.verify_parts import corrupt_copy
 
 CPU = torch.device("cpu")
 

@@ -20,12 +20,8 @@ from exl3tool.runtime import engine as engine_mod
 from exl3tool.runtime.base import load_base
 from exl3tool.runtime.distributed import Comm
 from exl3tool.runtime.engine import SwapEngine
-from exl3tool.runtime.verify import (
-    VerifyOptions,
-    concat_check,
-    run_verify,
-    tp_tolerance_check,
-)
+from exl3tool.runtime.verify import VerifyOptions, run_verify
+from exl3tool.runtime.verify_parts import concat_check, tp_tolerance_check
 from exl3tool.synth.msrt_edit import refresh_shards
 
 SCHEMA = (

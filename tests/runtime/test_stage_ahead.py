@@ -9,7 +9,8 @@ import pytest
 from exl3tool.runtime.base import load_base
 from exl3tool.runtime.distributed import Comm
 from exl3tool.runtime.engine import StageAhead, StagingFailed, SwapEngine
-from exl3tool.runtime.verify import VerifyOptions, corrupt_copy, run_verify
+from exl3tool.runtime.verify import VerifyOptions, run_verify
+from exl3tool.runtime.verify_parts import corrupt_copy
 
 CPU_COMM = Comm()
 
