@@ -63,7 +63,7 @@ DROP_MIN = 2 << 20  # the least a worker hashes between drops (each stalls every
 # One-thread units go to forked workers (io/forkpool) from this many threads and this many
 # bytes: 16-core host, GLM-5.2 mix, 36 GB: 16 processes 1.2 s, 16 threads 2.6 s
 # (benchmarks/identity_process_probe.py); 2 cores: the same within 1 %. Each fork of a ~100 MB
-# process costs ~4 ms (2-core VM), paid before any unit is hashed: worth it from ~1 GiB.
+# process costs ~4 ms (2-core VM), paid before any unit is hashed, hence FORK_MIN_BYTES.
 FORK_MIN_THREADS = 4
 FORK_MIN_BYTES = 1 << 30
 FORK_MAX_RSS = 2 << 30
