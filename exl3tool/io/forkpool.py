@@ -11,8 +11,8 @@ processes, 2.6 s by 16 threads).
 `work(unit)` for units it takes from a shared pipe of unit indices (so a slow unit holds back
 only its own worker) and sends each result back; the parent's reader threads pass them to
 `accept`. The first error of any worker (its exception, pickled, or its death by a signal:
-WorkerDied) is raised by `wait()`; the other workers are then killed. Workers never return to the caller's
-code: they leave with `os._exit` and ignore SIGINT (the parent stops them).
+WorkerDied) is raised by `wait()`; the other workers are then killed. Workers never return to
+the caller's code: they leave with `os._exit` and ignore SIGINT (the parent stops them).
 Linux only (`available()`). Unlike io/forked, this forks while other threads run (a progress
 bar's refresh thread): a lock one of them held at the fork stays held in the worker, so a worker
 touches nothing but its units, their files and its pipes, and its sys.stdout and sys.stderr are
@@ -88,7 +88,7 @@ class ForkPool:
         self._lock = threading.Lock()
         task_r, task_w = os.pipe()
         try:
-            for _ in range(max(1, min(workers, len(units)))):
+            for _ in range(min(max(workers, 1), len(units))):  # none for no units
                 out_r, out_w = os.pipe()
                 try:
                     with warnings.catch_warnings():  # 3.12+: "multi-threaded, use of fork()"

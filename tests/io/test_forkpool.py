@@ -95,6 +95,13 @@ def test_more_workers_than_units_forks_one_per_unit() -> None:
         pool.close()
 
 
+def test_no_units_fork_nothing() -> None:
+    pool = ForkPool(4, [], lambda _: str, lambda _: None, Counter())
+    assert pool.size == 0
+    pool.wait()
+    pool.close()
+
+
 def test_a_worker_error_is_raised_with_its_type_and_the_others_stop() -> None:
     def work(u: int) -> int:
         if u == 7:
