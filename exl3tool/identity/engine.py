@@ -62,8 +62,9 @@ MAP_RESIDENT = 128 << 20
 DROP_MIN = 2 << 20  # the least a worker hashes between drops (each stalls every thread)
 # One-thread units go to forked workers (io/forkpool) from this many threads and this many
 # bytes: 16-core host, GLM-5.2 mix, 36 GB: 16 processes 1.2 s, 16 threads 2.6 s
-# (benchmarks/identity_process_probe.py); 2 cores: the same within 1 %. Each fork of a ~100 MB
-# process costs ~4 ms (2-core VM), paid before any unit is hashed, hence FORK_MIN_BYTES.
+# (benchmarks/identity_process_probe.py); 2 cores: the same within 1 %. A fork copies the
+# parent's page tables before any unit is hashed, hence FORK_MIN_BYTES and FORK_MAX_RSS: 2-3 ms
+# per worker for a 100 MB parent, ~11 ms for a 400 MB one (2-core VM, benchmarks/fork_cost.py).
 FORK_MIN_THREADS = 4
 FORK_MIN_BYTES = 1 << 30
 FORK_MAX_RSS = 2 << 30
