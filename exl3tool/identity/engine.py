@@ -63,10 +63,11 @@ DROP_MIN = 2 << 20  # the least a worker hashes between drops (each stalls every
 # One-thread units go to forked workers (io/forkpool) from this many threads and this many
 # bytes: 16-core host, GLM-5.2 mix, 36 GB: 16 processes 1.2 s, 16 threads 2.6 s
 # (benchmarks/identity_process_probe.py); 2 cores: the same within 1 %. A fork copies the
-# parent's page tables before any unit is hashed, hence FORK_MIN_BYTES and FORK_MAX_RSS: 2-3 ms
-# per worker for a 100 MB parent, ~11 ms for a 400 MB one (2-core VM, benchmarks/fork_cost.py).
+# parent's page tables before any unit is hashed, hence the FORK_* bounds: 2-3 ms per worker for
+# a 100 MB parent, ~11 ms for a 400 MB one (2-core VM, benchmarks/fork_cost.py).
 FORK_MIN_THREADS = 4
 FORK_MIN_BYTES = 1 << 30
+FORK_BYTES_PER_RSS = 1  # and at least this many bytes per worker per byte the parent holds
 FORK_MAX_RSS = 2 << 30
 # Hashes read from mappings where a lease allows: the pread copy costs more than the mapping's
 # page faults for both (2-core VM, 4.2 GB GLM mix: sha256 1.68 s mapped vs 1.98 s with pread,
@@ -613,11 +614,13 @@ def _forking(
         return False
     if _fork_unsafe():
         return False
+    # each fork copies the parent's page tables: a large parent needs more bytes to pay for them
+    need = max(FORK_MIN_BYTES, FORK_BYTES_PER_RSS * threads * forkpool.resident_bytes())
     todo = 0
     for u in units:
         if type(u) is _Batch or u.threads == 1:
             todo += _unit_bytes(u, large)
-            if todo >= FORK_MIN_BYTES:
+            if todo >= need:
                 return True
     return False
 

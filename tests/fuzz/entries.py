@@ -48,12 +48,12 @@ def _identity_forked(art: Path, pristine: dict[str, Path], out: Path, kind: str)
     from exl3tool.actions.identity import Options, run
     from exl3tool.identity import engine
 
-    saved = engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES
-    engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES = 2, 0
+    saved = engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES, engine.FORK_BYTES_PER_RSS
+    engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES, engine.FORK_BYTES_PER_RSS = 2, 0, 0
     try:
         return run(Options(str(art), threads=2)).findings
     finally:
-        engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES = saved
+        engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES, engine.FORK_BYTES_PER_RSS = saved
 
 
 def _identity_manifest(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:

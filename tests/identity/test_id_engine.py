@@ -176,14 +176,15 @@ def test_truncated_file_is_input_error(tmp_path: Path) -> None:
 
 
 def test_when_the_engine_forks_workers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From FORK_MIN_THREADS threads and FORK_MIN_BYTES of one-thread units, on Linux; never
-    under EXL3TOOL_NO_FORK, in a process holding torch, or one larger than FORK_MAX_RSS."""
+    """From FORK_MIN_THREADS threads and FORK_MIN_BYTES of one-thread units (and at least the
+    parent's resident size per worker), on Linux; never under EXL3TOOL_NO_FORK, in a process
+    holding torch, or one larger than FORK_MAX_RSS."""
     from exl3tool.io import forkpool
 
     monkeypatch.delenv("EXL3TOOL_NO_FORK", raising=False)
     monkeypatch.setattr(engine, "FORK_MIN_BYTES", 100)
     monkeypatch.setattr(forkpool, "available", lambda: True)
-    monkeypatch.setattr(forkpool, "resident_bytes", lambda: 100 << 20)
+    monkeypatch.setattr(forkpool, "resident_bytes", lambda: 10)  # bytes: 4 workers need 40
     monkeypatch.delitem(sys.modules, "torch", raising=False)  # other tests may have loaded it
     p = Path("f")
     large = {0: (Segment(p, 0, 60),), 1: (Segment(p, 0, 60),)}
@@ -201,5 +202,7 @@ def test_when_the_engine_forks_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not engine._forking(n, [one, batch], large)
     monkeypatch.delitem(sys.modules, "torch")
     assert engine._forking(n, [one, batch], large)
+    monkeypatch.setattr(forkpool, "resident_bytes", lambda: 1000)  # 4 workers need 4000 bytes
+    assert not engine._forking(n, [one, batch], large)  # a parent too large for 110 bytes
     monkeypatch.setattr(forkpool, "resident_bytes", lambda: engine.FORK_MAX_RSS + 1)
     assert not engine._forking(n, [one, batch], large)

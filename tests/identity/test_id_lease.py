@@ -171,7 +171,7 @@ class Progress:  # every worker waits here until the other process is done or he
 
 if api == "batch forked":  # the same in a forked worker (the other workers hash on)
     from exl3tool.io import forkpool
-    engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES = 2, 0
+    engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES, engine.FORK_BYTES_PER_RSS = 2, 0, 0
     api, real = "batch", forkpool.ForkPool
 
     def counted(*args, **kwargs):
