@@ -86,9 +86,20 @@ class ForkPool:
         self._children: dict[int, int] = {}  # pid -> read end of its result pipe
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        task_r, task_w = os.pipe()
+        task_r, self._task_w = os.pipe()
+        # The indices are fed from the start and each worker's reader starts as soon as it is
+        # forked: the first workers hash while the others are still forked (a fork copies this
+        # process's page tables: benchmarks/fork_cost.py). The feeder never closes its end
+        # (a worker forked later would close the fd number again, maybe reused by then): the
+        # parent does, once the feeder is done, and the workers then see EOF.
+        self._feeder = threading.Thread(
+            target=_feed, args=(self._task_w, len(units)), name="exl3fork-feed", daemon=True
+        )
         try:
+            self._feeder.start()
             for _ in range(min(max(workers, 1), len(units))):  # none for no units
+                if self._errors:  # a worker failed already: no more of them
+                    break
                 out_r, out_w = os.pipe()
                 try:
                     with warnings.catch_warnings():  # 3.12+: "multi-threaded, use of fork()"
@@ -101,30 +112,24 @@ class ForkPool:
                         raise
                     break  # as many workers as the system allows
                 if pid == 0:  # pragma: no cover (a worker; coverage is not collected there)
-                    os.close(task_w)
+                    os.close(self._task_w)
                     os.close(out_r)
                     _worker(task_r, out_w, units, start)
                 os.close(out_w)
-                self._children[pid] = out_r
+                with self._lock:
+                    self._children[pid] = out_r
+                reader = threading.Thread(
+                    target=self._read, args=(pid, out_r), name=f"exl3fork-{pid}", daemon=True
+                )
+                reader.start()
+                self._threads.append(reader)
         except BaseException:
             os.close(task_r)
-            os.close(task_w)
             self.close()
             raise
-        os.close(task_r)
+        os.close(task_r)  # only the workers read the indices now (a feed with none left: EPIPE)
         self.pids = tuple(self._children)  # the workers forked (fewer where fork failed)
         self.size = len(self.pids)
-        writer = threading.Thread(
-            target=_feed, args=(task_w, len(units)), name="exl3fork-feed", daemon=True
-        )
-        writer.start()
-        self._threads.append(writer)
-        for pid, fd in list(self._children.items()):
-            t = threading.Thread(
-                target=self._read, args=(pid, fd), name=f"exl3fork-{pid}", daemon=True
-            )
-            t.start()
-            self._threads.append(t)
 
     def _read(self, pid: int, fd: int) -> None:
         """Pass one worker's frames on until it is done; a worker that ends early is an error."""
@@ -181,8 +186,17 @@ class ForkPool:
             except ChildProcessError:
                 return None
 
+    def _end_feed(self) -> None:
+        """Once every index is written (or no worker reads any more), close the feed: EOF."""
+        if self._feeder.ident is not None:  # started
+            self._feeder.join()
+        if self._task_w >= 0:
+            os.close(self._task_w)
+            self._task_w = -1
+
     def wait(self) -> None:
         """Until every worker is done; the first error is raised."""
+        self._end_feed()
         for t in self._threads:
             t.join()
         self._reap()
@@ -192,6 +206,7 @@ class ForkPool:
     def close(self) -> None:
         """Stop and reap every worker (after an error or an interrupt in the parent)."""
         self._kill()
+        self._end_feed()  # the killed workers closed their read ends: the feed ends in EPIPE
         for t in self._threads:  # a reader ends at its worker's death; then its pid may go
             t.join()
         self._reap()
@@ -202,15 +217,11 @@ class ForkPool:
 
 
 def _feed(fd: int, count: int) -> None:
-    """Every unit index, in order, on the task pipe; EOF tells the workers there is no more."""
-    try:
-        step = 1024  # 4 KiB writes: each is atomic, so every read of 4 bytes gets one index
+    """Every unit index, in order, on the task pipe (its owner closes it: EOF for the workers)."""
+    step = 1024  # 4 KiB writes: each is atomic, so every read of 4 bytes gets one index
+    with contextlib.suppress(OSError):  # EPIPE: every worker is gone (an error), none to feed
         for lo in range(0, count, step):
             os.write(fd, b"".join(_INDEX.pack(i) for i in range(lo, min(count, lo + step))))
-    except OSError:  # every worker is gone (an error): nothing is left to feed
-        pass
-    finally:
-        os.close(fd)
 
 
 def _worker(  # pragma: no cover (runs in the forked process)
