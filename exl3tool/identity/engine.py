@@ -216,6 +216,7 @@ def _constructor(algo: str) -> Any:
 # A small job is one int in its file's list, (start << 56) | (bytes << 32) | job: sorting the
 # ints sorts by file offset, and 10^6 of them cost 50 MB, not the 150 MB of 3-tuples.
 _JOB_BITS, _SIZE_SHIFT, _START_SHIFT = 32, 32, 56
+_JOB_MASK = (1 << _JOB_BITS) - 1
 
 
 class _Batch(NamedTuple):
@@ -250,7 +251,7 @@ def _batches(
     jobs: list[_Job] = []
     out: list[_Batch] = []
     mask = (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1
-    job_mask = (1 << _JOB_BITS) - 1
+    job_mask = _JOB_MASK
     for path, packed in small.items():
         leased = type(files[path]) is _Leased
         hull = MAP_BATCH if leased else READ
@@ -382,7 +383,7 @@ class _Worker:
         a `leased` file (`view` its whole mapping) the lease is checked again every MAP_WINDOW
         bytes, the pages hashed dropped every `drop_span` bytes and the rest at the end."""
         mask = (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1
-        job_mask = (1 << _JOB_BITS) - 1
+        job_mask = _JOB_MASK
         ctor = self.ctor
         due = b.lo + MAP_WINDOW if leased is not None else 1 << 62
         span = self.drop_span if leased is not None else 1 << 62
@@ -420,6 +421,21 @@ class _Worker:
                 raise InputError(f"{path}: payload [{start}, {end}) beyond {size} bytes")
             limit[path] = max(limit.get(path, 0), end)
         return limit
+
+    def run(
+        self, unit: _Job | _Batch, large: dict[int, tuple[Segment, ...]], digests: list[Any]
+    ) -> list[int]:
+        """Hash one unit into `digests` (and the second algorithm's `out`); its job indices."""
+        if type(unit) is _Batch:
+            self.batch(unit, digests)
+            return [k & _JOB_MASK for k in unit.jobs]
+        i = unit.index  # type: ignore[union-attr]
+        second = self.second
+        both = second is not None and bool(second.wanted[i])
+        digests[i], again = self.job(large[i], unit.threads, both)  # type: ignore[union-attr]
+        if both:
+            second.out[i] = again  # type: ignore[union-attr]
+        return [i]
 
     def job(
         self, segments: Sequence[Segment], hasher_threads: int, both: bool = False
@@ -558,14 +574,7 @@ def _hash(
             if unit is None:
                 break
             try:
-                if type(unit) is _Batch:
-                    w.batch(unit, digests)
-                else:
-                    i = unit.index
-                    both = second is not None and bool(second.wanted[i])
-                    digests[i], again = w.job(plan.large[i], unit.threads, both)
-                    if both:
-                        second.out[i] = again  # type: ignore[union-attr]
+                w.run(unit, plan.large, digests)
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
                 break
@@ -639,23 +648,13 @@ def _run_forked(
     """Every one-thread unit hashed by `threads` forked workers (io/forkpool) while this
     process hashes the jobs of a multi-threaded blake3 hasher itself (a forked worker has no
     hasher threads: blake3's pool does not survive a fork)."""
-    job_mask = (1 << _JOB_BITS) - 1
     forked = [u for u in units if type(u) is _Batch or u.threads == 1]
 
     def start(progress: Any) -> Any:  # in each worker
         w = _Worker(files, ctor, algo, _Tracker(progress), [], _drop_span(threads), second)
 
         def work(unit: _Job | _Batch) -> tuple[list[int], list[Any], list[Any] | None]:
-            if type(unit) is _Batch:
-                w.batch(unit, digests)
-                jobs = [k & job_mask for k in unit.jobs]
-            else:
-                i = unit.index  # type: ignore[union-attr]
-                both = second is not None and bool(second.wanted[i])
-                digests[i], again = w.job(large[i], 1, both)
-                if both:
-                    second.out[i] = again  # type: ignore[union-attr]
-                jobs = [i]
+            jobs = w.run(unit, large, digests)
             w.track.flush()
             also = None if second is None else [second.out[j] for j in jobs]
             return jobs, [digests[j] for j in jobs], also
@@ -676,10 +675,7 @@ def _run_forked(
         w = _Worker(files, ctor, algo, _Tracker(prog), [], _drop_span(threads), second)
         for u in units:
             if type(u) is _Job and u.threads > 1:
-                both = second is not None and bool(second.wanted[u.index])
-                digests[u.index], again = w.job(large[u.index], u.threads, both)
-                if both:
-                    second.out[u.index] = again  # type: ignore[union-attr]
+                w.run(u, large, digests)
         w.track.flush()
         if pool is not None:
             pool.wait()
