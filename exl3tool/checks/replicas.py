@@ -14,30 +14,28 @@ MAX_REPORTED = 20  # copies named one by one; the rest are counted in one findin
 
 def check_replicas(ckpt: Checkpoint, findings: Findings, digests: Digests) -> None:
     """RS012 for each rank copy whose dtype, shape or bytes differ from rank 0's."""
-    from exl3tool.identity.logical import build_plan
+    from exl3tool.identity.logical import build_plan, differing_copies
 
     plan = build_plan(ckpt)
-    if not plan.replicas:
-        return
     unreadable = ckpt.damaged_shards | ckpt.rejected_files  # their own findings say so
-    groups = [
-        (first, reps)
-        for n, reps in plan.replicas.items()
-        if (first := plan.tensors[n].sources[0]).file not in unreadable
-        and not any(r.file in unreadable for r in reps)
-    ]
-    got = digests.tensors(ref for first, reps in groups for ref in (first, *reps))
-    bad = [
-        (first, ref)
-        for first, reps in groups
-        for ref in reps
-        if (ref.info.dtype, ref.info.shape) != (first.info.dtype, first.info.shape)
-        or got.get(ref.name) != got.get(first.name)
-    ]
-    for first, ref in bad[:MAX_REPORTED]:
+    first = {n: plan.tensors[n].sources[0] for n in plan.replicas}
+    replicas = {
+        n: refs
+        for n, refs in plan.replicas.items()
+        if first[n].file not in unreadable and not any(r.file in unreadable for r in refs)
+    }
+    if not replicas:
+        return
+    got = digests.tensors(ref for n, refs in replicas.items() for ref in (first[n], *refs))
+
+    def digest(name: str, i: int | None) -> str | None:
+        return got.get((first[name] if i is None else replicas[name][i]).name)
+
+    bad = [(first[n], ref) for n, ref in differing_copies(plan.tensors, replicas, digest)]
+    for rank0, ref in bad[:MAX_REPORTED]:
         findings.add(
             r7.RS_REPLICA,
-            f"{ref.name} differs from rank 0's copy {first.name}",
+            f"{ref.name} differs from rank 0's copy {rank0.name}",
             file=ref.file,
             tensor=ref.name,
         )

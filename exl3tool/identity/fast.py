@@ -27,7 +27,7 @@ from exl3tool.identity.engine import (
     shard_stamps,
     tensor_segment,
 )
-from exl3tool.identity.logical import LogicalPlan, PlanProblem, build_plan
+from exl3tool.identity.logical import LogicalPlan, PlanProblem, build_plan, differing_copies
 from exl3tool.io.gcpause import paused_gc
 from exl3tool.io.layer_spec import parse_layer_spec
 from exl3tool.io.strict_json import canonical_json
@@ -185,19 +185,19 @@ def identity_from_digests(
     ident.tensors = {
         n: new(TensorDigest, (t.dtype, t.shape, digests[n])) for n, t in plan.tensors.items()
     }
-    for name, refs in plan.replicas.items():
-        lt = plan.tensors[name]
-        for i, r in enumerate(refs):
-            same = (r.info.dtype, r.info.shape) == (lt.dtype, lt.shape)
-            if not same or digests[(name, i)] != digests[name]:
-                ident.problems.append(
-                    PlanProblem(
-                        f"replicated copy {r.name} in {r.file} differs from rank 0's copy",
-                        tensor=name,
-                        layer=layer_of(name),
-                        kind="replica",
-                    )
-                )
+
+    def digest(name: str, i: int | None) -> str:
+        return digests[name] if i is None else digests[(name, i)]
+
+    for name, r in differing_copies(plan.tensors, plan.replicas, digest):
+        ident.problems.append(
+            PlanProblem(
+                f"replicated copy {r.name} in {r.file} differs from rank 0's copy",
+                tensor=name,
+                layer=layer_of(name),
+                kind="replica",
+            )
+        )
     ident.layers, ident.root = fold(algo, ident.tensors)
     return ident
 

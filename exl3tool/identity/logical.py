@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from operator import methodcaller
@@ -125,6 +126,22 @@ class LogicalPlan:
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
+
+
+def differing_copies(
+    tensors: Mapping[str, LogicalTensor],
+    replicas: Mapping[str, Sequence[TensorRef]],
+    digest: Callable[[str, int | None], str | None],
+) -> Iterator[tuple[str, TensorRef]]:
+    """(logical name, copy) of each replicated copy whose dtype, shape or bytes differ from rank
+    0's: the identity's ID007 and validate's RS012. `digest(name, i)` is that of copy `i` of
+    `name`, or of rank 0's own copy for `i` None."""
+    for name, refs in replicas.items():
+        lt = tensors[name]
+        first = digest(name, None)
+        for i, r in enumerate(refs):
+            if (r.info.dtype, r.info.shape) != (lt.dtype, lt.shape) or digest(name, i) != first:
+                yield name, r
 
 
 def field_kind(fld: str) -> str:
