@@ -71,13 +71,12 @@ class _Sink:
         shape = (k_in // 16, n_out // 16, 16 * k)
         self._add(name, "I16", shape, lambda: trellis(self.rng, k_in, n_out, k))
 
-    def vector(self, name: str, n: int) -> None:
-        self._add(name, "F16", (n,), lambda: scales(self.rng, n))
-
-    def copy(self, name: str, of: str) -> None:
-        """A tensor with the same dtype, shape and bytes as the earlier `of` (a replica)."""
-        spec = next(s for s in self.specs if s.name == of)
-        self._add(name, spec.dtype, spec.shape, lambda: self.arrays[of].copy())
+    def vector(self, name: str, n: int, like: str | None = None) -> None:
+        """Random scales, or the bytes of the earlier vector `like` (a rank's replica)."""
+        if like is None:
+            self._add(name, "F16", (n,), lambda: scales(self.rng, n))
+        else:
+            self._add(name, "F16", (n,), lambda: self.arrays[like].copy())
 
     def mcg(self, name: str) -> None:
         self.markers[name] = MCG_MARKER
@@ -139,16 +138,10 @@ def rank_sliced_layer(
                 if proj == "down_proj":  # tile axis 0 split; suh sliced, svh replicated
                     sink.trellis(f"{p}.trellis", part, hidden, k)
                     sink.vector(f"{p}.suh", part)
-                    if r == 0:
-                        sink.vector(f"{p}.svh", hidden)
-                    else:
-                        sink.copy(f"{p}.svh", f"{first}.svh")
+                    sink.vector(f"{p}.svh", hidden, like=f"{first}.svh" if r else None)
                 else:  # tile axis 1 split; svh sliced, suh replicated
                     sink.trellis(f"{p}.trellis", hidden, part, k)
-                    if r == 0:
-                        sink.vector(f"{p}.suh", hidden)
-                    else:
-                        sink.copy(f"{p}.suh", f"{first}.suh")
+                    sink.vector(f"{p}.suh", hidden, like=f"{first}.suh" if r else None)
                     sink.vector(f"{p}.svh", part)
                 sink.mcg(f"{p}.mcg")
 
