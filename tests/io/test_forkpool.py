@@ -75,7 +75,7 @@ def test_every_unit_once_by_workers_that_are_other_processes() -> None:
     parent = os.getpid()
 
     def work(u: int) -> tuple[int, int, int]:
-        time.sleep(0.002)  # long enough that every worker takes some units
+        time.sleep(0.005)  # 1 s of work in all: every worker takes some units, even under load
         return u, u * u, os.getpid()
 
     got, progress = _run(list(range(200)), work)
@@ -106,13 +106,13 @@ def test_a_worker_error_is_raised_with_its_type_and_the_others_stop() -> None:
     def work(u: int) -> int:
         if u == 7:
             raise InputError("shard-7: changed while it was read")
-        time.sleep(0.01)
+        time.sleep(0.05)
         return u
 
     t = time.monotonic()
     with pytest.raises(InputError, match="shard-7: changed"):
         _run(list(range(400)), work)
-    assert time.monotonic() - t < 3  # 400 x 10 ms / 3 workers had they not been stopped
+    assert time.monotonic() - t < 3  # 400 x 50 ms / 3 workers = 6.7 s had they not been stopped
     assert _no_children_left()
 
 
