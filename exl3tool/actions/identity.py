@@ -63,20 +63,35 @@ def hash_artifact(
 ) -> Hashed:
     """Open `path` and compute its identity (also when its container has errors: `diff` says
     such a comparison is not conclusive)."""
+    from exl3tool.identity import early
     from exl3tool.identity.artifact import open_artifact
+    from exl3tool.identity.engine import shard_stamps
     from exl3tool.identity.fast import compute_identity, parse_layers, planned_bytes, select
     from exl3tool.identity.logical import build_plan
     from exl3tool.io.progress import progress_bar
 
-    ckpt, kind, findings = open_artifact(path)
-    plan = select(build_plan(ckpt), parse_layers(spec) if spec else None)
-    if kind is Kind.MSRT_BASE and compat is not False:
-        compat = True  # a base's identity is its point; keep it even when defective
-    planned = partial(planned_bytes, plan, algo, compat)
-    with progress_bar(planned, f"hashing ({algo})") as bar:
-        ident = compute_identity(
-            None, algo=algo, selection=spec, threads=threads, progress=bar, compat=compat, plan=plan
-        )
+    ahead = early.start(path, algo, threads) if spec is None else None  # hashes while we parse
+    try:
+        ckpt, kind, findings = open_artifact(path)
+        plan = select(build_plan(ckpt), parse_layers(spec) if spec else None)
+        if kind is Kind.MSRT_BASE and compat is not False:
+            compat = True  # a base's identity is its point; keep it even when defective
+        planned = partial(planned_bytes, plan, algo, compat)
+        with progress_bar(planned, f"hashing ({algo})") as bar:
+            ident = compute_identity(
+                None,
+                algo=algo,
+                selection=spec,
+                threads=threads,
+                progress=bar,
+                compat=compat,
+                plan=plan,
+                known=ahead,
+                stamps=shard_stamps(ckpt.shards.values()),
+            )
+    finally:
+        if ahead is not None:
+            ahead.close()
     return Hashed(ident, kind, findings, ckpt)
 
 

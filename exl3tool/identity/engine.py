@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import compress
 from pathlib import Path
@@ -235,7 +235,7 @@ class _Job(NamedTuple):
     threads: int
 
 
-def _drop_span(threads: int) -> int:
+def drop_span(threads: int) -> int:
     """Bytes a worker of a pool of `threads` hashes from a mapping between page drops."""
     return max(MAP_RESIDENT // max(1, threads), DROP_MIN)
 
@@ -275,6 +275,22 @@ def _batches(
         if packed:
             out.append(_Batch(path, lo, hi, packed[first:]))
     return jobs, out
+
+
+class Known(Protocol):
+    """Digests hashed ahead (identity/early): for a file and the stamp its header was read
+    with, the digest of each span [start, start + n) it holds, keyed by `span_key(start, n)`."""
+
+    def lookup(self, path: Path, stamp: FileStamp) -> Mapping[int, str] | None: ...
+
+    def stop(self) -> None:
+        """No more hashing ahead: what is done is all there is."""
+
+
+def span_key(start: int, n: int) -> int:
+    """The key of a one-segment job of `n` bytes (< 16 MiB) at `start` in a `Known` table:
+    its packed int without the job index."""
+    return (start << (_START_SHIFT - _SIZE_SHIFT)) | n
 
 
 class _Plan(NamedTuple):
@@ -403,7 +419,8 @@ class _Worker:
                 at -= lo
                 job = k & job_mask
                 data = view[at : at + ((k >> _SIZE_SHIFT) & mask)]
-                out[job] = ctor(data).hexdigest()
+                if out[job] is None:  # else known (hashed ahead): only `second` wants it
+                    out[job] = ctor(data).hexdigest()
                 if wanted is not None and wanted[job]:  # the bytes again, still in cache
                     second.out[job] = second.ctor(data).hexdigest()  # type: ignore[union-attr]
                     twice += len(data)
@@ -514,6 +531,7 @@ def hash_segments(
     threads: int | None = None,
     progress: Progress | None = None,
     expected: dict[Path, FileStamp] | None = None,
+    known: Known | None = None,
 ) -> dict[K, str]:
     """Hex digest per job of the concatenation of its segments, jobs hashed in parallel.
 
@@ -522,9 +540,10 @@ def hash_segments(
     half its fair share of the work gets a hasher
     with `threads` threads of its own. `expected`: the stamp each file had when its header was
     read; a file that differs at open, or whose open file or path differs after hashing, is
-    InputChanged.
+    InputChanged. `known`: digests hashed ahead, taken for one-segment jobs of files with their
+    `expected` stamp (those jobs are not read again).
     """
-    return _hash(jobs, algo, threads, progress, expected)[0]
+    return _hash(jobs, algo, threads, progress, expected, known=known)[0]
 
 
 def hash_segments_twice(
@@ -535,12 +554,13 @@ def hash_segments_twice(
     threads: int | None = None,
     progress: Progress | None = None,
     expected: dict[Path, FileStamp] | None = None,
+    known: Known | None = None,
 ) -> tuple[dict[K, str], dict[K, str]]:
     """`hash_segments` with `algo`, and `second`'s digests of the jobs keyed in `also` from the
     same reads (each tensor's bytes hashed again while they are in the core's cache, not read
     in a second pass). A progress bar advances by the bytes of both."""
     check_algo(second)
-    return _hash(jobs, algo, threads, progress, expected, (second, also))
+    return _hash(jobs, algo, threads, progress, expected, (second, also), known)
 
 
 def _hash(
@@ -550,6 +570,7 @@ def _hash(
     progress: Progress | None,
     expected: dict[Path, FileStamp] | None,
     also: tuple[str, AbstractSet[K]] | None = None,
+    known: Known | None = None,
 ) -> tuple[dict[K, str], dict[K, str]]:
     ctor = _constructor(algo)
     threads = max(1, threads or default_threads())
@@ -567,7 +588,7 @@ def _hash(
     lock = threading.Lock()
 
     def worker() -> None:
-        w = _Worker(files, ctor, algo, _Tracker(prog), errors, _drop_span(threads), second)
+        w = _Worker(files, ctor, algo, _Tracker(prog), errors, drop_span(threads), second)
         while not errors:
             with lock:
                 unit = next(queue, None)
@@ -581,6 +602,10 @@ def _hash(
         w.track.flush()
 
     try:
+        if known is not None and expected:
+            if second is not None:  # the rest is read once, for both algorithms
+                known.stop()
+            prog.advance(_take_known(plan, known, expected, digests, second))
         if algo in MAPPED:
             _lease_all(files)
         alone, batches = _batches(plan.small, files, plan.large)
@@ -602,13 +627,71 @@ def _hash(
     return out, dict(zip(compress(plan.keys, flags), compress(second.out, flags), strict=True))
 
 
+def _take_known(
+    plan: _Plan,
+    known: Known,
+    expected: dict[Path, FileStamp],
+    digests: list[Any],
+    second: _Second | None,
+) -> int:
+    """Fill the digests `known` holds for the small jobs of files with their `expected` stamp
+    and drop those jobs from the plan (one `second` wants stays: only its second digest is
+    then hashed). Returns the bytes no longer to hash."""
+    size_mask = (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1
+    wanted = second.wanted if second is not None else None
+    saved = 0
+    for path, packed in plan.small.items():
+        stamp = expected.get(path)
+        table = known.lookup(path, stamp) if stamp is not None else None
+        if not table:
+            continue
+        keep: list[int] = []
+        for k in packed:
+            digest = table.get(k >> _SIZE_SHIFT)
+            if digest is None:
+                keep.append(k)
+                continue
+            job = k & _JOB_MASK
+            digests[job] = digest
+            if wanted is not None and wanted[job]:
+                keep.append(k)
+            else:
+                saved += (k >> _SIZE_SHIFT) & size_mask
+        packed[:] = keep
+    return saved
+
+
+def hash_spans(
+    path: Path, spans: Sequence[tuple[int, int]], algo: str, drop_span: int = MAP_BATCH
+) -> tuple[FileStamp, list[str]]:
+    """The digest of each span [start, end) of one file (each under 16 MiB), read as
+    `hash_segments` reads them, and the file's stamp, verified unchanged after hashing."""
+    ctor = _constructor(algo)
+    packed = [(s << _START_SHIFT) | ((e - s) << _SIZE_SHIFT) | j for j, (s, e) in enumerate(spans)]
+    files = _open_all([path])
+    try:
+        if algo in MAPPED:
+            _lease_all(files)
+        large: dict[int, tuple[Segment, ...]] = {}
+        alone, batches = _batches({path: packed}, files, large)
+        out: list[Any] = [None] * len(spans)
+        w = _Worker(files, ctor, algo, _Tracker(NO_PROGRESS), [], drop_span)
+        for unit in [*alone, *batches]:
+            w.run(unit, large, out)
+        f = files[path]
+        f.verify_unchanged()
+        return f.stamp, out
+    finally:
+        _close_all(files)
+
+
 def _unit_bytes(unit: _Job | _Batch, large: dict[int, tuple[Segment, ...]]) -> int:
     if type(unit) is _Batch:
         return unit.hi - unit.lo
     return sum(end - start for _, start, end in large[unit.index])  # type: ignore[union-attr]
 
 
-def _fork_unsafe() -> bool:
+def fork_unsafe() -> bool:
     """A process that holds torch (its thread pools and CUDA state do not survive a fork) or
     more than FORK_MAX_RSS (each fork copies its page tables, and what it writes while the
     workers live is copied) hashes with threads."""
@@ -621,7 +704,7 @@ def _forking(
     """Whether this pool's one-thread units go to forked workers (see FORK_MIN_*)."""
     if threads < FORK_MIN_THREADS or os.environ.get("EXL3TOOL_NO_FORK") or not forkpool.available():
         return False
-    if _fork_unsafe():
+    if fork_unsafe():
         return False
     # each fork copies the parent's page tables: a large parent needs more bytes to pay for them
     need = max(FORK_MIN_BYTES, FORK_BYTES_PER_RSS * threads * forkpool.resident_bytes())
@@ -651,7 +734,7 @@ def _run_forked(
     forked = [u for u in units if type(u) is _Batch or u.threads == 1]
 
     def start(progress: Any) -> Any:  # in each worker
-        w = _Worker(files, ctor, algo, _Tracker(progress), [], _drop_span(threads), second)
+        w = _Worker(files, ctor, algo, _Tracker(progress), [], drop_span(threads), second)
 
         def work(unit: _Job | _Batch) -> tuple[list[int], list[Any], list[Any] | None]:
             jobs = w.run(unit, large, digests)
@@ -672,7 +755,7 @@ def _run_forked(
 
     pool = forkpool.ForkPool(threads, forked, start, accept, prog) if forked else None
     try:
-        w = _Worker(files, ctor, algo, _Tracker(prog), [], _drop_span(threads), second)
+        w = _Worker(files, ctor, algo, _Tracker(prog), [], drop_span(threads), second)
         for u in units:
             if type(u) is _Job and u.threads > 1:
                 w.run(u, large, digests)

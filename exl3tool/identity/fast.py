@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.names import layer_of
 from exl3tool.identity.engine import (
+    Known,
     Segment,
     check_algo,
     hash_segments,
@@ -30,6 +32,7 @@ from exl3tool.identity.engine import (
 from exl3tool.identity.logical import LogicalPlan, PlanProblem, build_plan, differing_copies
 from exl3tool.io.gcpause import paused_gc
 from exl3tool.io.layer_spec import parse_layer_spec
+from exl3tool.io.safetensors import FileStamp
 from exl3tool.io.strict_json import canonical_json
 
 SCHEMA = "exl3tool-identity/1"
@@ -212,12 +215,16 @@ def compute_identity(
     progress: Any = None,
     compat: bool | None = None,
     plan: LogicalPlan | None = None,
+    known: Known | None = None,
+    stamps: dict[Path, FileStamp] | None = None,
 ) -> Identity:
     """Hash every logical tensor of `ckpt` (only `layers` when given) and fold the digests.
 
     `compat`: None adds the MSRT compatibility block when the experts qualify, True adds it
     whenever K is known (problems kept in it), False skips it. With `algo="sha256"` it costs
     nothing: the tensor digests are reused. `plan` replaces `ckpt` when already built.
+    `known`: digests hashed ahead (identity/early), taken for shards with their `stamps`
+    (those of `ckpt`'s shards by default: each file's stamp when its header was read).
     """
     check_algo(algo)
     if plan is None:
@@ -225,7 +232,8 @@ def compute_identity(
         plan = build_plan(ckpt)
     plan = select(plan, layers)
     with paused_gc():  # per-tensor records, digests and the block's: no cycle among them
-        return _identity(ckpt, plan, algo, selection, threads, progress, compat)
+        args = (selection, threads, progress, compat, known, stamps)
+        return _identity(ckpt, plan, algo, *args)
 
 
 def _identity(
@@ -236,16 +244,20 @@ def _identity(
     threads: int | None,
     progress: Any,
     compat: bool | None,
+    known: Known | None,
+    stamps: dict[Path, FileStamp] | None,
 ) -> Identity:
-    stamps = shard_stamps(ckpt.shards.values()) if ckpt is not None else None
+    if stamps is None and ckpt is not None:
+        stamps = shard_stamps(ckpt.shards.values())
     block = _compat_block(ckpt, plan, compat)
     if block is not None and block is not _DROPPED and block.tensors and algo != "sha256":
         also = {lt.name for lt in block.tensors}  # their sha256 from the same reads
         digests, sha = hash_segments_twice(
-            _iter_jobs(plan), algo, "sha256", also, threads, progress, stamps
+            _iter_jobs(plan), algo, "sha256", also, threads, progress, stamps, known
         )
     else:
-        digests, sha = hash_segments(_iter_jobs(plan), algo, threads, progress, stamps), None
+        jobs = _iter_jobs(plan)
+        digests, sha = hash_segments(jobs, algo, threads, progress, stamps, known), None
     ident = identity_from_digests(plan, digests, algo, selection=selection)
     if compat is not False and block is not _DROPPED:
         from exl3tool.identity.compat import compat_identity

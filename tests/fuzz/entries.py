@@ -56,6 +56,37 @@ def _identity_forked(art: Path, pristine: dict[str, Path], out: Path, kind: str)
         engine.FORK_MIN_THREADS, engine.FORK_MIN_BYTES, engine.FORK_BYTES_PER_RSS = saved
 
 
+def _identity_early(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    """The identity with tensors hashed ahead by forked workers (identity/early, at any size
+    here) must be the one computed without them: the same digests, the same findings, or the
+    same error."""
+    import os
+
+    from exl3tool.actions.identity import Options, run
+    from exl3tool.identity import early, engine
+    from exl3tool.rules.errors import Exl3ToolError
+
+    def outcome() -> tuple[Any, ...]:
+        try:
+            r = run(Options(str(art), threads=2))
+        except Exl3ToolError as exc:
+            return (type(exc).__name__,)
+        ident = r.identity.to_json() if r.identity is not None else None
+        return ident, sorted((f.code, f.message) for f in r.findings), r
+
+    saved = early.EARLY_MIN_BYTES, early.CHUNK, engine.fork_unsafe
+    early.EARLY_MIN_BYTES, early.CHUNK, engine.fork_unsafe = 0, 4096, lambda: False
+    try:
+        ahead = outcome()
+        os.environ["EXL3TOOL_NO_EARLY"] = "1"
+        plain = outcome()
+    finally:
+        os.environ.pop("EXL3TOOL_NO_EARLY", None)
+        early.EARLY_MIN_BYTES, early.CHUNK, engine.fork_unsafe = saved
+    assert ahead[:2] == plain[:2], f"hashed ahead: {ahead[:2]!r:.300} alone: {plain[:2]!r:.300}"
+    return ahead[2].findings if len(ahead) > 2 else None
+
+
 def _identity_manifest(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
     """A layer selection, sha256, and a `sha256sum -c` manifest written beside."""
     from exl3tool.actions.identity import Options, run
@@ -179,6 +210,7 @@ CALLS: dict[str, Call] = {
     "identity": lambda art, pristine, out, kind: identity_of(art),
     "identity-cli": _identity_cli,
     "identity-forked": _identity_forked,
+    "identity-early": _identity_early,
     "identity-manifest": _identity_manifest,
     "identity-check": _identity_check,
     "inspect": _inspect,

@@ -106,9 +106,16 @@ class Case:
 
 
 # the identity as the CLI computes it (blake3, the compatibility block, two threads; and hashed
-# by forked workers), and with a layer selection and a `sha256sum -c` manifest; validate
+# by forked workers; and hashed ahead, compared with the same without), and with a layer selection and a `sha256sum -c` manifest; validate
 # against a TP size
-_MORE = ("identity-cli", "identity-forked", "identity-manifest", "identity-check", "validate-tp2")
+_MORE = (
+    "identity-cli",
+    "identity-forked",
+    "identity-early",
+    "identity-manifest",
+    "identity-check",
+    "validate-tp2",
+)
 _BASE = ("validate", "validate", "validate-hash", "identity", "stage-base", *_MORE)
 _CHECKPOINT = (
     "validate",

@@ -112,7 +112,7 @@ def force_fork(monkeypatch: Any) -> list[int]:
     monkeypatch.setattr(engine, "FORK_MIN_THREADS", 2)
     monkeypatch.setattr(engine, "FORK_MIN_BYTES", 0)
     monkeypatch.setattr(engine, "FORK_BYTES_PER_RSS", 0)
-    monkeypatch.setattr(engine, "_fork_unsafe", lambda: False)  # pytest may hold torch
+    monkeypatch.setattr(engine, "fork_unsafe", lambda: False)  # pytest may hold torch
     monkeypatch.delenv("EXL3TOOL_NO_FORK", raising=False)
     sizes: list[int] = []
     real = forkpool.ForkPool

@@ -155,9 +155,9 @@ def _passes(monkeypatch) -> list[str]:
     passes: list[str] = []
     real = engine._hash
 
-    def counted(jobs, algo, threads, progress, expected, also=None):
+    def counted(jobs, algo, threads, progress, expected, also=None, known=None):
         passes.append(algo if also is None else f"{algo}+{also[0]}")
-        return real(jobs, algo, threads, progress, expected, also)
+        return real(jobs, algo, threads, progress, expected, also, known)
 
     monkeypatch.setattr(engine, "_hash", counted)
     return passes

@@ -1,0 +1,201 @@
+"""Tensor digests hashed ahead: forked workers hash the stored tensors of an artifact's shards
+while this process still reads and checks their headers and plans the identity.
+
+Before this, every header was parsed, checked and planned before the first byte was hashed:
+serial Python work (~0.15 s for 21,519 tensors) that left every other core idle and, on 16
+cores, took longer than b3sum's whole run. Each worker finds a shard's tensor spans itself (the
+`data_offsets` of its header, nothing checked: a malformed or unusual shard is simply left to
+the engine), hashes the tensors that start in its 32 MiB chunk of the file exactly as the engine
+would (engine.hash_spans: leased mapping or pread, the file verified unchanged after) and sends
+the digests back with the file's stamp. The engine takes a digest only for a one-segment job of
+a file whose stamp is the one its header was read with (`hash_segments(known=...)`); it hashes
+the rest itself. Nothing here decides a digest on its own or makes a finding: any failure of a
+worker only means that less is known ahead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+import threading
+from bisect import bisect_left
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from exl3tool.identity import engine
+from exl3tool.io import forkpool
+from exl3tool.io.progress import NO_PROGRESS
+from exl3tool.io.safetensors import FileStamp
+from exl3tool.io.views import same_content
+
+EARLY_MIN_BYTES = 256 << 20  # below this the forks cost more than the overlap saves
+EARLY_MAX_FILES = 4096
+HEADER_MAX = 16 << 20  # a larger header (10^5+ tensors) is left to the engine
+CHUNK = engine.MAP_BATCH  # a unit: the tensors that start in this many bytes of one file
+# the engine batches one-segment jobs up to this size (a job's size has 24 bits of its packed int)
+LARGEST = min(engine.MAP_BATCH // 2, (1 << 24) - 1)
+
+_Spans = tuple[list[int], list[tuple[int, int]]]  # starts, (start, end) sorted
+
+
+class EarlyDigests:
+    """Workers hashing every tensor of `shards` ahead: the engine's `Known`."""
+
+    def __init__(self, shards: list[tuple[Path, int]], algo: str, workers: int) -> None:
+        units = [(i, lo) for i, (_, size) in enumerate(shards) for lo in range(0, size, CHUNK)]
+        self._lock = threading.Lock()
+        self._stamps: dict[int, FileStamp | None] = {}  # None: units saw different files
+        self._tables: dict[int, dict[int, str]] = {}
+        self._by_inode: dict[tuple[int, int], int] = {}
+        self._pool: forkpool.ForkPool | None = forkpool.ForkPool(
+            workers, units, _starter(shards, algo, workers), self._accept, NO_PROGRESS
+        )
+
+    def _accept(self, result: tuple[int, FileStamp | None, list[int], list[str]]) -> None:
+        i, stamp, keys, hexes = result
+        if stamp is None:
+            return
+        with self._lock:
+            seen = self._stamps.get(i, stamp)
+            if seen is None or not same_content(seen, stamp):
+                self._stamps[i] = None
+                self._tables.pop(i, None)
+                return
+            self._stamps[i] = stamp
+            self._by_inode[(stamp.dev, stamp.ino)] = i
+            self._tables.setdefault(i, {}).update(zip(keys, hexes, strict=True))
+
+    def _finish(self) -> None:
+        """Wait for the workers; a worker's death loses only the units it had not sent."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        try:
+            with contextlib.suppress(Exception):  # only less is known: the engine hashes the rest
+                pool.wait()
+        finally:
+            pool.close()
+
+    def lookup(self, path: Path, stamp: FileStamp) -> Mapping[int, str] | None:
+        """The digests hashed ahead of the file `path` named when it had `stamp`."""
+        self._finish()
+        i = self._by_inode.get((stamp.dev, stamp.ino))
+        seen = self._stamps.get(i) if i is not None else None
+        if seen is None or not same_content(seen, stamp):
+            return None
+        return self._tables.get(i)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        """Stop the workers now: only the units they sent are known."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    close = stop  # also when nothing was looked up
+
+
+def start(path: Path, algo: str, threads: int | None) -> EarlyDigests | None:
+    """Workers hashing the shards of the artifact at `path` ahead, or None where that cannot
+    pay (one thread, a small artifact) or cannot be done (no fork; torch loaded;
+    EXL3TOOL_NO_FORK or EXL3TOOL_NO_EARLY set)."""
+    workers = max(1, threads or engine.default_threads())
+    if workers < 2 or os.environ.get("EXL3TOOL_NO_EARLY") or os.environ.get("EXL3TOOL_NO_FORK"):
+        return None
+    if not forkpool.available() or engine.fork_unsafe():
+        return None
+    shards = _shards(path)
+    if not shards or sum(size for _, size in shards) < EARLY_MIN_BYTES:
+        return None
+    try:
+        return EarlyDigests(shards, engine.check_algo(algo), workers)
+    except OSError:  # no process or pipe left: the engine alone
+        return None
+
+
+def _shards(path: Path) -> list[tuple[Path, int]]:
+    """(path, size) of each regular `*.safetensors` file of `path` (a file or a folder, not
+    recursed), in name order; none if unreadable or more than EARLY_MAX_FILES."""
+    try:
+        if not path.is_dir():
+            st = os.stat(path)
+            return [(path, st.st_size)] if stat.S_ISREG(st.st_mode) else []
+        out: list[tuple[Path, int]] = []
+        with os.scandir(path) as it:
+            for entry in it:
+                if not entry.name.endswith(".safetensors"):
+                    continue
+                st = entry.stat()  # a Hugging Face snapshot's link: its blob
+                if stat.S_ISREG(st.st_mode):
+                    out.append((Path(entry.path), st.st_size))
+                if len(out) > EARLY_MAX_FILES:
+                    return []
+    except (OSError, ValueError):
+        return []
+    return sorted(out)
+
+
+def _starter(
+    shards: list[tuple[Path, int]], algo: str, workers: int
+) -> Callable[[Any], Callable[[tuple[int, int]], tuple[int, FileStamp | None, list, list]]]:
+    def start(_progress: Any) -> Callable[[tuple[int, int]], Any]:  # in each worker
+        cache: dict[int, _Spans] = {}  # the last shard's offsets only
+        drop = engine.drop_span(workers)
+
+        def work(unit: tuple[int, int]) -> tuple[int, FileStamp | None, list, list]:
+            i, lo = unit
+            path, size = shards[i]
+            try:
+                if i not in cache:
+                    cache.clear()
+                    cache[i] = _spans(path, size)
+                starts, spans = cache[i]
+                mine = spans[bisect_left(starts, lo) : bisect_left(starts, lo + CHUNK)]
+                if not mine:
+                    return i, None, [], []
+                stamp, hexes = engine.hash_spans(path, mine, algo, drop)
+            except Exception:  # the engine hashes these, and reports what is wrong
+                return i, None, [], []
+            return i, stamp, [engine.span_key(s, e - s) for s, e in mine], hexes
+
+        return work
+
+    return start
+
+
+def _spans(path: Path, size: int) -> _Spans:
+    """The sorted file spans of the tensors of one shard that the engine batches (1 byte to
+    LARGEST, inside the file), found in its header by their `data_offsets` alone (twice as
+    fast as `json.loads`, and nothing needs to be proven here: a span the header does not mean
+    is a digest the engine never asks for); none if the spans add up to more than the file."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return [], []
+        head = os.pread(fd, 8, 0)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < n <= HEADER_MAX or 8 + n > size:
+            return [], []
+        raw = os.pread(fd, n, 8)
+    finally:
+        os.close(fd)
+    base, room = 8 + n, size - 8 - n
+    spans: list[tuple[int, int]] = []
+    total = 0
+    for b, e in map(_to_ints, _OFFSETS.findall(raw)):
+        if 0 <= b < e <= room and e - b <= LARGEST:
+            spans.append((base + b, base + e))
+            total += e - b
+    if total > room:  # overlapping spans: hashing them could cost far more than the file
+        return [], []
+    spans.sort()
+    return [s for s, _ in spans], spans
+
+
+_OFFSETS = re.compile(rb'"data_offsets"\s*:\s*\[\s*(\d{1,20})\s*,\s*(\d{1,20})\s*\]')
+
+
+def _to_ints(pair: tuple[bytes, bytes]) -> tuple[int, int]:
+    return int(pair[0]), int(pair[1])

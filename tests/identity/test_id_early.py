@@ -1,0 +1,230 @@
+"""Tensors hashed ahead by forked workers (identity/early) while the headers are read."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from identity_fixtures import expert_tensors, write_checkpoint
+
+from exl3tool.actions.identity import Options, run
+from exl3tool.identity import early, engine
+from exl3tool.identity.fast import compute_identity
+from exl3tool.io import forkpool
+from exl3tool.io.safetensors import FileStamp
+
+pytestmark = pytest.mark.skipif(not forkpool.available(), reason="forked workers need Linux")
+
+
+@pytest.fixture
+def ahead(monkeypatch: pytest.MonkeyPatch) -> list[early.EarlyDigests]:
+    """Hash ahead at any size, in 4 KiB chunks (several units per shard); the returned list
+    gets every EarlyDigests started."""
+    monkeypatch.setattr(early, "EARLY_MIN_BYTES", 0)
+    monkeypatch.setattr(early, "CHUNK", 4096)
+    monkeypatch.setattr(engine, "fork_unsafe", lambda: False)  # pytest may hold torch
+    for var in ("EXL3TOOL_NO_EARLY", "EXL3TOOL_NO_FORK"):
+        monkeypatch.delenv(var, raising=False)
+    started: list[early.EarlyDigests] = []
+    real = early.start
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        got = real(*args, **kwargs)
+        if got is not None:
+            started.append(got)
+        return got
+
+    monkeypatch.setattr(early, "start", spy)
+    return started
+
+
+def _identity(path: Path, **kw: Any) -> dict[str, Any]:
+    result = run(Options(str(path), threads=2, **kw))
+    assert result.identity is not None, result.findings
+    return result.identity.to_json()
+
+
+def _plain(path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> dict[str, Any]:
+    with monkeypatch.context() as m:
+        m.setenv("EXL3TOOL_NO_EARLY", "1")
+        return _identity(path, **kw)
+
+
+def _stamp(path: Path) -> FileStamp:
+    return FileStamp.of(os.stat(path))
+
+
+@pytest.mark.parametrize("algo", ["blake3", "sha256"])
+@pytest.mark.parametrize("lease", [True, False])
+def test_hashed_ahead_is_the_same_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list, algo: str, lease: bool
+) -> None:
+    if not lease:
+        monkeypatch.setenv("EXL3TOOL_NO_LEASE", "1")
+    ck = write_checkpoint(tmp_path / "ck", expert_tensors([0, 1, 2], 3, k=3), shards=3)
+    got = _identity(ck, algo=algo, compat=False)
+    assert len(ahead) == 1
+    shard = ck / "model-00002-of-00003.safetensors"
+    table = ahead[0].lookup(shard, _stamp(shard))
+    assert table and len(table) > 10  # the shard's tensors were hashed ahead, and taken
+    assert got == _plain(ck, monkeypatch, algo=algo, compat=False)
+
+
+def test_the_compatibility_block_gets_its_sha256_from_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
+) -> None:
+    """blake3 digests known ahead; the block's sha256 of the same tensors is still hashed."""
+    ck = write_checkpoint(tmp_path / "ck", expert_tensors([0, 1], 2, k=3), shards=2)
+    got = _identity(ck, compat=True)
+    assert ahead and got.get("compatibility")
+    assert got == _plain(ck, monkeypatch, compat=True)
+
+
+def test_a_known_digest_is_taken_only_for_the_file_it_was_hashed_from(tmp_path: Path) -> None:
+    """The engine takes a digest hashed ahead (it does not read that tensor again) for a file
+    with the stamp its header was read with, and never for another state of it."""
+    ck = write_checkpoint(tmp_path / "ck", {"a": np.arange(64, dtype=np.int32)})
+    shard = next(ck.glob("*.safetensors"))
+    true = compute_identity(None, plan=_plan(ck), algo="blake3", compat=False, threads=1)
+    start = 8 + struct.unpack("<Q", shard.read_bytes()[:8])[0]
+    key = engine.span_key(start, 256)
+    stamp = _stamp(shard)
+    other = FileStamp(stamp.dev, stamp.ino, stamp.size, stamp.mtime_ns + 1, stamp.ctime_ns)
+
+    class KnownOf:  # what was hashed ahead of the file in `state`
+        def __init__(self, state: FileStamp) -> None:
+            self.state = state
+
+        def lookup(self, p: Path, s: FileStamp) -> dict[int, str] | None:
+            return {key: "f" * 64} if p == shard and s == self.state else None
+
+        def stop(self) -> None:
+            pass
+
+    def digest(known: Any) -> str:
+        return (
+            compute_identity(
+                None,
+                plan=_plan(ck),
+                algo="blake3",
+                compat=False,
+                known=known,
+                stamps={shard: stamp},
+            )
+            .tensors["a"]
+            .digest
+        )
+
+    assert digest(KnownOf(stamp)) == "f" * 64  # taken, not hashed again
+    assert digest(KnownOf(other)) == true.tensors["a"].digest
+
+
+def _plan(ck: Path) -> Any:
+    from exl3tool.identity.artifact import open_artifact
+    from exl3tool.identity.logical import build_plan
+
+    return build_plan(open_artifact(ck)[0])
+
+
+def test_a_shard_rewritten_after_it_was_hashed_ahead_is_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
+) -> None:
+    ck = write_checkpoint(tmp_path / "ck", expert_tensors([0], 2, k=3, seed=1), shards=2)
+    shard = ck / "model-00001-of-00002.safetensors"
+    real = early.start
+
+    def then_rewrite(*args: Any, **kwargs: Any) -> Any:
+        got = real(*args, **kwargs)
+        if got is None:  # the run without hashing ahead
+            return None
+        got._finish()  # every tensor hashed ahead, then the shard changes before its header is read
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        os.utime(shard, ns=(1, 1))  # same size, another mtime (not one a coarse clock shares)
+        return got
+
+    monkeypatch.setattr(early, "start", then_rewrite)
+    got = _identity(ck, compat=False)
+    assert ahead and ahead[0].lookup(shard, _stamp(shard)) is None
+    assert got == _plain(ck, monkeypatch, compat=False)
+
+
+def test_a_worker_killed_loses_only_its_units(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
+) -> None:
+    ck = write_checkpoint(tmp_path / "ck", expert_tensors([0, 1], 3, k=3, seed=2), shards=3)
+    victim = ck / "model-00002-of-00003.safetensors"
+    real = engine.hash_spans
+
+    def dies_on_victim(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path == victim:
+            os.kill(os.getpid(), signal.SIGKILL)  # in a forked worker
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "hash_spans", dies_on_victim)
+    got = _identity(ck, compat=False)
+    assert ahead[0].lookup(victim, _stamp(victim)) is None
+    monkeypatch.setattr(engine, "hash_spans", real)
+    assert got == _plain(ck, monkeypatch, compat=False)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"not json at all",
+        b'{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+        b'"b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+        b'"c":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}',  # 12 bytes of spans in 8
+        b'{"a":{"data_offsets":[0,99999999999999999999]}}',
+        b'{"a":{"data_offsets":[4,2]},"b":{"data_offsets":[-1,2]}}',
+    ],
+)
+def test_unusual_headers_leave_their_shard_to_the_engine(tmp_path: Path, header: bytes) -> None:
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(8))
+    assert early._spans(path, path.stat().st_size) == ([], [])
+
+
+def test_a_span_named_inside_a_string_costs_at_most_the_file(tmp_path: Path) -> None:
+    """Offsets are found by pattern, not parsed: a name that looks like offsets only adds a
+    span that no job asks for, and never more bytes than the file holds."""
+    name = '"data_offsets":[0,4]'
+    header = json.dumps({name: {"dtype": "U8", "shape": [4], "data_offsets": [4, 8]}}).encode()
+    path = tmp_path / "named.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(8))
+    _, spans = early._spans(path, path.stat().st_size)
+    base = 8 + len(header)
+    assert (base + 4, base + 8) in spans
+    assert sum(e - s for s, e in spans) <= 8
+
+
+def test_nothing_is_started_where_it_cannot_pay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
+) -> None:
+    ck = write_checkpoint(tmp_path / "ck", expert_tensors([0], 1), shards=1)
+    assert early.start(ck, "blake3", 1) is None  # one thread
+    monkeypatch.setenv("EXL3TOOL_NO_EARLY", "1")
+    assert early.start(ck, "blake3", 2) is None
+    monkeypatch.delenv("EXL3TOOL_NO_EARLY")
+    monkeypatch.setattr(early, "EARLY_MIN_BYTES", 1 << 40)
+    assert early.start(ck, "blake3", 2) is None  # too small to pay for the forks
+    fifo = tmp_path / "pipe.safetensors"
+    os.mkfifo(fifo)
+    assert early._shards(tmp_path) == []  # no shard here: the FIFO is not read
+    assert early._shards(fifo) == []
+
+
+def test_a_layer_selection_hashes_nothing_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
+) -> None:
+    ck = write_checkpoint(tmp_path / "ck", expert_tensors([0, 1], 1), shards=1)
+    got = _identity(ck, layers="1", compat=False)
+    assert not ahead
+    assert got == _plain(ck, monkeypatch, layers="1", compat=False)
