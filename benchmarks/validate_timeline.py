@@ -59,9 +59,10 @@ def main() -> int:
     for mod_name, attr in STEPS:
         mod = importlib.import_module(mod_name)
         setattr(mod, attr, timed(attr, getattr(mod, attr)))
-    from exl3tool.checks import r7, worker
+    from exl3tool.checks import r7
+    from exl3tool.io import forked
 
-    worker.Forked.from_child = timed("from_child", worker.Forked.from_child)
+    forked.Forked.from_child = timed("from_child", forked.Forked.from_child)
     prefetch = r7.prefetch_r7
 
     def prefetch_timed(root: Path) -> Any:  # runs in the forked worker

@@ -34,6 +34,7 @@ from exl3tool.io.views import same_content
 EARLY_MIN_BYTES = 256 << 20  # below this the forks cost more than the overlap saves
 EARLY_MAX_FILES = 4096
 HEADER_MAX = 16 << 20  # a larger header (10^5+ tensors) is left to the engine
+MAX_DIGESTS = 1 << 19  # this process keeps no more (~200 bytes each); the engine hashes the rest
 CHUNK = engine.MAP_BATCH  # a unit: the tensors that start in this many bytes of one file
 # the engine batches one-segment jobs up to this size (a job's size has 24 bits of its packed int)
 LARGEST = min(engine.MAP_BATCH // 2, (1 << 24) - 1)
@@ -50,15 +51,25 @@ class EarlyDigests:
         self._stamps: dict[int, FileStamp | None] = {}  # None: units saw different files
         self._tables: dict[int, dict[int, str]] = {}
         self._by_inode: dict[tuple[int, int], int] = {}
-        self._pool: forkpool.ForkPool | None = forkpool.ForkPool(
+        self._kept = 0  # digests accepted
+        self._workers: forkpool.ForkPool | None = None  # to cancel, from a reader thread too
+        self._workers = forkpool.ForkPool(
             workers, units, _starter(shards, algo, workers), self._accept, NO_PROGRESS
         )
+        self._pool: forkpool.ForkPool | None = self._workers  # until waited for or stopped
+        if self._kept > MAX_DIGESTS:  # filled up while the workers were forked
+            self._workers.cancel()
 
     def _accept(self, result: tuple[int, FileStamp | None, list[int], list[str]]) -> None:
         i, stamp, keys, hexes = result
         if stamp is None:
             return
         with self._lock:
+            self._kept += len(keys)
+            if self._kept > MAX_DIGESTS:
+                if self._workers is not None:
+                    self._workers.cancel()
+                return
             seen = self._stamps.get(i, stamp)
             if seen is None or not same_content(seen, stamp):
                 self._stamps[i] = None

@@ -166,6 +166,11 @@ class ForkPool:
             )
             self._fail(WorkerDied(f"a hashing worker (pid {pid}) {how} before it was done"))
 
+    def cancel(self) -> None:
+        """Kill every worker now, from any thread (a reader's too): the units they had not sent
+        are lost; `wait` then raises WorkerDied and `close` reaps them."""
+        self._kill()
+
     def _fail(self, exc: BaseException) -> None:
         self._errors.append(exc)
         self._kill()

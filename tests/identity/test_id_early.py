@@ -228,3 +228,15 @@ def test_a_layer_selection_hashes_nothing_ahead(
     got = _identity(ck, layers="1", compat=False)
     assert not ahead
     assert got == _plain(ck, monkeypatch, layers="1", compat=False)
+
+
+def test_no_more_digests_are_kept_than_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
+) -> None:
+    """Beyond MAX_DIGESTS the workers are stopped and the engine hashes the rest."""
+    monkeypatch.setattr(early, "MAX_DIGESTS", 20)
+    ck = write_checkpoint(tmp_path / "ck", expert_tensors([0, 1, 2], 3, k=3), shards=3)
+    got = _identity(ck, compat=False)
+    kept = [ahead[0].lookup(p, _stamp(p)) or {} for p in sorted(ck.glob("*.safetensors"))]
+    assert sum(map(len, kept)) <= 20
+    assert got == _plain(ck, monkeypatch, compat=False)
