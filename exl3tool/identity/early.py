@@ -153,7 +153,6 @@ def _starter(
 ) -> Callable[[Any], Callable[[tuple[int, int]], tuple[int, FileStamp | None, list, list]]]:
     def start(_progress: Any) -> Callable[[tuple[int, int]], Any]:  # in each worker
         cache: dict[int, _Spans] = {}  # the last shard's offsets only
-        drop = engine.drop_span(workers)
 
         def work(unit: tuple[int, int]) -> tuple[int, FileStamp | None, list, list]:
             i, lo = unit
@@ -166,7 +165,7 @@ def _starter(
                 mine = spans[bisect_left(starts, lo) : bisect_left(starts, lo + CHUNK)]
                 if not mine:
                     return i, None, [], []
-                stamp, hexes = engine.hash_spans(path, mine, algo, drop)
+                stamp, hexes = engine.hash_spans(path, mine, algo, workers)
             except Exception:  # the engine hashes these, and reports what is wrong
                 return i, None, [], []
             return i, stamp, [engine.span_key(s, e - s) for s, e in mine], hexes
