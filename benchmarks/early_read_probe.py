@@ -3,7 +3,8 @@
     python benchmarks/early_read_probe.py DIR [--algo blake3|sha256] [--workers N] [--rounds 4]
 
 Starts identity/early's forked workers on every shard of DIR and waits for them, alternating
-reads from leased mappings (the default) and pread (EXL3TOOL_NO_LEASE=1); prints the least and
+reads from leased mappings (whatever the pool's size: engine.MAP_MIN_WORKERS set to 1) and
+pread (EXL3TOOL_NO_LEASE=1); prints the least and
 median wall time and the least CPU time of the workers per mode.
 """
 
@@ -16,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from exl3tool.identity import early
+from exl3tool.identity import early, engine
 
 
 def _children_cpu() -> float:
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
     runs: dict[str, list[tuple[float, float]]] = {"mapped": [], "pread": []}
+    engine.MAP_MIN_WORKERS = dict.fromkeys(engine.MAP_MIN_WORKERS, 1)  # pread: NO_LEASE
     for _ in range(args.rounds):
         for mode in runs:
             if mode == "pread":
