@@ -194,12 +194,9 @@ from exl3tool.io.lease import LeasedMap, LeaseRefused
 from exl3tool.io.safetensors import read_header
 from exl3tool.rules.registry import Findings
 files, repeat = [Path(f) for f in sys.argv[2:]], int(sys.argv[1])
-from exl3tool.identity.engine import mapped
-threads = int(os.environ.get("BENCH_THREADS", "1"))
 try:
     LeasedMap(files[0]).close()
-    how = ("read lease taken: a blake3 pool of %d hashes from %s" %
-           (threads, "mappings" if mapped("blake3", threads) else "pread (engine.MAP_MIN_WORKERS)"))
+    how = "read lease taken: blake3 hashes from mappings (hashing ahead: mappings or pread, as measured)"
 except LeaseRefused as exc:
     how = f"read lease refused ({exc}): blake3 reads with pread"
 if os.environ.get("EXL3TOOL_NO_LEASE"):
@@ -221,10 +218,10 @@ print(len(items), best["tensors"], best["whole"])
 """
 
 
-def overhead(files: list[str], repeat: int, no_lease: bool, threads: int) -> tuple[str, float, int]:
-    """(how a pool of `threads` reads the shards, engine microseconds per tensor beyond hashing
-    its bytes with one thread, tensors)."""
-    env = {**os.environ, "BENCH_THREADS": str(threads)}
+def overhead(files: list[str], repeat: int, no_lease: bool) -> tuple[str, float, int]:
+    """(how the shards are read, engine microseconds per tensor beyond hashing its bytes,
+    tensors)."""
+    env = dict(os.environ)
     env.pop("EXL3TOOL_NO_LEASE", None)
     if no_lease:
         env["EXL3TOOL_NO_LEASE"] = "1"
@@ -346,8 +343,8 @@ def main() -> None:
         one = total / hashlib_one_thread(files, args.repeat) / 1e9
         rows.append(("hashlib.sha256, one thread, 8 MiB mmap updates", one, 0))
         # one shard, two rounds: the cost per tensor, not another full pass per mode
-        how, per, ntensors = overhead(env_files[:1], min(args.repeat, 2), False, n)
-        _, per_pread, _ = overhead(env_files[:1], min(args.repeat, 2), True, n)
+        how, per, ntensors = overhead(env_files[:1], min(args.repeat, 2), no_lease=False)
+        _, per_pread, _ = overhead(env_files[:1], min(args.repeat, 2), no_lease=True)
         lines = [
             f"{total / 1e9:.2f} GB, {len(files)} shards, warm page cache, {n} threads, "
             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, best of "

@@ -3,8 +3,8 @@
     python benchmarks/early_read_probe.py DIR [--algo blake3|sha256] [--workers N] [--rounds 4]
 
 Starts identity/early's forked workers on every shard of DIR and waits for them, alternating
-reads from leased mappings (whatever the pool's size: engine.MAP_MIN_WORKERS set to 1) and
-pread (EXL3TOOL_NO_LEASE=1); prints the least and
+reads from leased mappings only, pread only, and both measured by each worker on its first
+units, the faster kept (`early.READS`, the default); prints the least and
 median wall time and the least CPU time of the workers per mode.
 """
 
@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from exl3tool.identity import early, engine
+from exl3tool.identity import early
 
 
 def _children_cpu() -> float:
@@ -32,14 +32,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
-    runs: dict[str, list[tuple[float, float]]] = {"mapped": [], "pread": []}
-    engine.MAP_MIN_WORKERS = dict.fromkeys(engine.MAP_MIN_WORKERS, 1)  # pread: NO_LEASE
+    runs: dict[str, list[tuple[float, float]]] = {"mapped": [], "pread": [], "measured": []}
+    reads = {"mapped": (True,), "pread": (False,), "measured": (True, False)}
     for _ in range(args.rounds):
         for mode in runs:
-            if mode == "pread":
-                os.environ["EXL3TOOL_NO_LEASE"] = "1"
-            else:
-                os.environ.pop("EXL3TOOL_NO_LEASE", None)
+            early.READS = reads[mode]
             c, t = _children_cpu(), time.perf_counter()
             ahead = early.start(args.dir, args.algo, args.workers)
             if ahead is None:

@@ -20,6 +20,7 @@ import os
 import re
 import stat
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -38,6 +39,14 @@ MAX_DIGESTS = 1 << 19  # this process keeps no more (~200 bytes each); the engin
 CHUNK = engine.MAP_BATCH  # a unit: the tensors that start in this many bytes of one file
 # the engine batches one-segment jobs up to this size (a job's size has 24 bits of its packed int)
 LARGEST = min(engine.MAP_BATCH // 2, (1 << 24) - 1)
+
+# How a worker reads (True: leased mappings, False: pread). Which is faster depends on the
+# machine (blake3, 2 workers: pread 0.61 s vs mapped 0.73 s on a 2-core AMD EPYC VM, mapped
+# 0.77 s vs pread 0.95 s on a 16-core Intel Xeon host; benchmarks/early_read_probe.py), so
+# each worker hashes its first units of at least TRIAL_BYTES one way each, then keeps the way
+# that took the less CPU time per byte.
+READS = (True, False)
+TRIAL_BYTES = 4 << 20
 
 _Spans = tuple[list[int], list[tuple[int, int]]]  # starts, (start, end) sorted
 
@@ -153,6 +162,7 @@ def _starter(
 ) -> Callable[[Any], Callable[[tuple[int, int]], tuple[int, FileStamp | None, list, list]]]:
     def start(_progress: Any) -> Callable[[tuple[int, int]], Any]:  # in each worker
         cache: dict[int, _Spans] = {}  # the last shard's offsets only
+        cost = {way: [0.0, 0] for way in READS}  # CPU seconds and bytes, by way of reading
 
         def work(unit: tuple[int, int]) -> tuple[int, FileStamp | None, list, list]:
             i, lo = unit
@@ -165,7 +175,11 @@ def _starter(
                 mine = spans[bisect_left(starts, lo) : bisect_left(starts, lo + CHUNK)]
                 if not mine:
                     return i, None, [], []
-                stamp, hexes = engine.hash_spans(path, mine, algo, workers)
+                way = _faster(cost)
+                took = time.process_time()
+                stamp, hexes = engine.hash_spans(path, mine, algo, workers, mapped=way)
+                cost[way][0] += time.process_time() - took
+                cost[way][1] += sum(e - s for s, e in mine)
             except Exception:  # the engine hashes these, and reports what is wrong
                 return i, None, [], []
             return i, stamp, [engine.span_key(s, e - s) for s, e in mine], hexes
@@ -173,6 +187,14 @@ def _starter(
         return work
 
     return start
+
+
+def _faster(cost: dict[bool, list]) -> bool:
+    """The way of reading still on trial (under TRIAL_BYTES), else the cheaper per byte."""
+    for way, (_, n) in cost.items():
+        if n < TRIAL_BYTES:
+            return way
+    return min(cost, key=lambda way: cost[way][0] / cost[way][1])
 
 
 def _spans(path: Path, size: int) -> _Spans:

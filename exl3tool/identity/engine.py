@@ -14,7 +14,7 @@ bytes. Either way resident memory stays near MAP_RESIDENT (plus one tensor per t
 `threads x` one READ buffer. Every file is stamped at open and verified unchanged after hashing
 (issue 15): a file that shrank, changed or was replaced by a rename is `InputChanged` (exit 3),
 never a digest.
-Pools of MAP_MIN_WORKERS or more use leases; EXL3TOOL_NO_LEASE=1 reads every file with pread.
+Files are mapped where a lease can be held; EXL3TOOL_NO_LEASE=1 reads every file with pread.
 From FORK_MIN_THREADS threads (on Linux) the units are hashed by forked worker processes
 (io/forkpool), not threads: no GIL between them, and each drops pages in its own address space;
 EXL3TOOL_NO_FORK=1 keeps threads.
@@ -69,14 +69,11 @@ FORK_MIN_THREADS = 4
 FORK_MIN_BYTES = 1 << 30
 FORK_BYTES_PER_RSS = 1  # and at least this many bytes per worker per byte the parent holds
 FORK_MAX_RSS = 2 << 30
-# Pools of at least this many workers hash from leased mappings (where a lease is allowed),
-# smaller ones with pread. sha256 reads its pages slower than a copy brings them in, so the
-# copy only costs (2-core VM, 4.2 GB GLM mix: 1.68 s mapped vs 1.98 s with pread). blake3
-# hashes a buffer that pread has just filled (in the core's L2 cache) faster than a mapping's
-# cold pages, until the copy's extra memory traffic saturates the memory bus (2-core VM, GLM
-# mix: 0.68 s with pread vs 0.80 s mapped; 16-core host, 36 GB: mapped 1.22x b3sum, pread
-# 1.01x; benchmarks/early_read_probe.py).
-MAP_MIN_WORKERS = {"blake3": 8, "sha256": 1}
+# Hashes read from mappings where a lease allows: the pread copy costs more than the mapping's
+# page faults (2-core VM, 4.2 GB GLM mix: sha256 1.68 s mapped vs 1.98 s with pread, system
+# time 0.11 vs 0.52 s; 16-core host, 36 GB: blake3 mapped 1.22x b3sum, pread 1.01x). On some
+# machines blake3 hashes a buffer pread has just filled (in L2) faster than a mapping's cold
+# pages: the workers that hash ahead (identity/early) measure both and keep the faster.
 
 
 class Hasher(Protocol):
@@ -237,11 +234,6 @@ class _Job(NamedTuple):
 
     index: int
     threads: int
-
-
-def mapped(algo: str, workers: int) -> bool:
-    """Whether a pool of `workers` hashes `algo` from leased mappings (else with pread)."""
-    return workers >= MAP_MIN_WORKERS[algo]
 
 
 def drop_span(threads: int) -> int:
@@ -614,8 +606,7 @@ def _hash(
             if second is not None:  # the rest is read once, for both algorithms
                 known.stop()
             prog.advance(_take_known(plan, known, expected, digests, second))
-        if mapped(algo, threads) or (second is not None and mapped(second.algo, threads)):
-            _lease_all(files)
+        _lease_all(files)
         alone, batches = _batches(plan.small, files, plan.large)
         units += plan.units + alone + batches
         if _forking(threads, units, plan.large):
@@ -670,15 +661,20 @@ def _take_known(
 
 
 def hash_spans(
-    path: Path, spans: Sequence[tuple[int, int]], algo: str, workers: int = 1
+    path: Path,
+    spans: Sequence[tuple[int, int]],
+    algo: str,
+    workers: int = 1,
+    mapped: bool = True,
 ) -> tuple[FileStamp, list[str]]:
-    """The digest of each span [start, end) of one file (each under 16 MiB), read as a pool of
-    `workers` reads it in `hash_segments`, and the file's stamp, verified unchanged after."""
+    """The digest of each span [start, end) of one file (each under 16 MiB), read as a worker
+    of a pool of `workers` in `hash_segments` reads it (`mapped` False: with pread), and the
+    file's stamp, verified unchanged after hashing."""
     ctor = _constructor(algo)
     packed = [(s << _START_SHIFT) | ((e - s) << _SIZE_SHIFT) | j for j, (s, e) in enumerate(spans)]
     files = _open_all([path])
     try:
-        if mapped(algo, workers):
+        if mapped:
             _lease_all(files)
         large: dict[int, tuple[Segment, ...]] = {}
         alone, batches = _batches({path: packed}, files, large)

@@ -28,6 +28,7 @@ def ahead(monkeypatch: pytest.MonkeyPatch) -> list[early.EarlyDigests]:
     gets every EarlyDigests started."""
     monkeypatch.setattr(early, "EARLY_MIN_BYTES", 0)
     monkeypatch.setattr(early, "CHUNK", 4096)
+    monkeypatch.setattr(early, "TRIAL_BYTES", 1)  # each worker reads both ways, then either
     monkeypatch.setattr(engine, "fork_unsafe", lambda: False)  # pytest may hold torch
     for var in ("EXL3TOOL_NO_EARLY", "EXL3TOOL_NO_FORK"):
         monkeypatch.delenv(var, raising=False)
@@ -240,3 +241,16 @@ def test_no_more_digests_are_kept_than_the_bound(
     kept = [ahead[0].lookup(p, _stamp(p)) or {} for p in sorted(ck.glob("*.safetensors"))]
     assert sum(map(len, kept)) <= 20
     assert got == _plain(ck, monkeypatch, compat=False)
+
+
+def test_each_worker_tries_both_ways_of_reading_then_keeps_the_cheaper() -> None:
+    cost: dict[bool, list] = {True: [0.0, 0], False: [0.0, 0]}
+    assert early._faster(cost) is True  # mapped first
+    cost[True] = [0.004, 8 << 20]
+    assert early._faster(cost) is False  # then pread, until it has its share
+    cost[False] = [0.003, 8 << 20]
+    assert early._faster(cost) is False  # cheaper per byte
+    cost[True] = [0.004, 16 << 20]
+    assert early._faster(cost) is True
+    assert early._faster({False: [0.0, 0]}) is False  # one way only (early.READS)
+    assert early._faster({False: [1.0, 1 << 30]}) is False

@@ -43,7 +43,6 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         monkeypatch.setenv("EXL3TOOL_NO_LEASE", "1")
     else:
         monkeypatch.delenv("EXL3TOOL_NO_LEASE", raising=False)
-        monkeypatch.setattr(engine, "MAP_MIN_WORKERS", {"blake3": 1, "sha256": 1})  # any pool
     return str(request.param)
 
 
@@ -141,7 +140,6 @@ from exl3tool.identity import engine
 from exl3tool.io.views import InputChanged
 engine.DROP_EVERY = engine.MAP_WINDOW = engine.MAP_BATCH = engine.READ = 1 << 16
 engine.SMALL = 1 << 15
-engine.MAP_MIN_WORKERS = {"blake3": 1, "sha256": 1}  # mapped where a lease is held
 path, what, api = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 ino = os.stat(path).st_ino
 other = []
@@ -306,7 +304,6 @@ def test_a_mapped_batch_drops_its_pages_as_it_goes(
     except LeaseRefused:
         pytest.skip("no read lease on this file system: the engine reads with pread")
     monkeypatch.delenv("EXL3TOOL_NO_LEASE", raising=False)
-    monkeypatch.setattr(engine, "MAP_MIN_WORKERS", {"blake3": 1, "sha256": 1})
     monkeypatch.setattr(engine, "MAP_WINDOW", 1 << 20)
     monkeypatch.setattr(engine, "MAP_RESIDENT", 1 << 20)
     resident: list[int] = []
