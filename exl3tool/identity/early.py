@@ -1,16 +1,14 @@
 """Tensor digests hashed ahead: forked workers hash the stored tensors of an artifact's shards
-while this process still reads and checks their headers and plans the identity.
+while this process still reads, checks and plans their headers (serial Python work that
+otherwise leaves every other core idle).
 
-Before this, every header was parsed, checked and planned before the first byte was hashed:
-serial Python work (~0.15 s for 21,519 tensors) that left every other core idle and, on 16
-cores, took longer than b3sum's whole run. Each worker finds a shard's tensor spans itself (the
-`data_offsets` of its header, nothing checked: a malformed or unusual shard is simply left to
-the engine), hashes the tensors that start in its 32 MiB chunk of the file exactly as the engine
-would (engine.hash_spans: leased mapping or pread, the file verified unchanged after) and sends
-the digests back with the file's stamp. The engine takes a digest only for a one-segment job of
-a file whose stamp is the one its header was read with (`hash_segments(known=...)`); it hashes
-the rest itself. Nothing here decides a digest on its own or makes a finding: any failure of a
-worker only means that less is known ahead.
+Each worker finds a shard's tensor spans itself (the `data_offsets` of its header, nothing
+checked: an unusual shard is left to the engine), hashes the tensors that start in its 32 MiB
+chunk of the file as the engine would (engine.hash_spans, the file verified unchanged after)
+and sends the digests back with the file's stamp. The engine takes a digest only for a
+one-segment job of a file whose stamp is the one its header was read with
+(`hash_segments(known=...)`) and hashes the rest itself. Nothing here decides a digest on its
+own or makes a finding: a worker's failure only means that less is known ahead.
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ class _Job(NamedTuple):
     threads: int
 
 
-def drop_span(threads: int) -> int:
+def _drop_span(threads: int) -> int:
     """Bytes a worker of a pool of `threads` hashes from a mapping between page drops."""
     return max(MAP_RESIDENT // max(1, threads), DROP_MIN)
 
@@ -588,7 +588,7 @@ def _hash(
     lock = threading.Lock()
 
     def worker() -> None:
-        w = _Worker(files, ctor, algo, _Tracker(prog), errors, drop_span(threads), second)
+        w = _Worker(files, ctor, algo, _Tracker(prog), errors, _drop_span(threads), second)
         while not errors:
             with lock:
                 unit = next(queue, None)
@@ -679,7 +679,7 @@ def hash_spans(
         large: dict[int, tuple[Segment, ...]] = {}
         alone, batches = _batches({path: packed}, files, large)
         out: list[Any] = [None] * len(spans)
-        w = _Worker(files, ctor, algo, _Tracker(NO_PROGRESS), [], drop_span(workers))
+        w = _Worker(files, ctor, algo, _Tracker(NO_PROGRESS), [], _drop_span(workers))
         for unit in [*alone, *batches]:
             w.run(unit, large, out)
         f = files[path]
@@ -738,7 +738,7 @@ def _run_forked(
     forked = [u for u in units if type(u) is _Batch or u.threads == 1]
 
     def start(progress: Any) -> Any:  # in each worker
-        w = _Worker(files, ctor, algo, _Tracker(progress), [], drop_span(threads), second)
+        w = _Worker(files, ctor, algo, _Tracker(progress), [], _drop_span(threads), second)
 
         def work(unit: _Job | _Batch) -> tuple[list[int], list[Any], list[Any] | None]:
             jobs = w.run(unit, large, digests)
@@ -759,7 +759,7 @@ def _run_forked(
 
     pool = forkpool.ForkPool(threads, forked, start, accept, prog) if forked else None
     try:
-        w = _Worker(files, ctor, algo, _Tracker(prog), [], drop_span(threads), second)
+        w = _Worker(files, ctor, algo, _Tracker(prog), [], _drop_span(threads), second)
         for u in units:
             if type(u) is _Job and u.threads > 1:
                 w.run(u, large, digests)
