@@ -254,3 +254,21 @@ def test_each_worker_tries_both_ways_of_reading_then_keeps_the_cheaper() -> None
     assert early._faster(cost) is True
     assert early._faster({False: [0.0, 0]}) is False  # one way only (early.READS)
     assert early._faster({False: [1.0, 1 << 30]}) is False
+
+
+def test_shards_linked_into_blobs_are_hashed_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
+) -> None:
+    """A Hugging Face cache snapshot links each shard into ../../blobs: the digests hashed ahead
+    are the blob's, and are taken for the linked name."""
+    src = write_checkpoint(tmp_path / "src", expert_tensors([0, 1], 2, k=3, seed=4), shards=2)
+    blobs, snap = tmp_path / "repo" / "blobs", tmp_path / "repo" / "snapshots" / "abc"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in src.iterdir():
+        (blobs / f.name).write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(Path("../..") / "blobs" / f.name)
+    got = _identity(snap, compat=False)
+    shard = snap / "model-00001-of-00002.safetensors"
+    assert ahead and ahead[0].lookup(shard, _stamp(shard))
+    assert got == _plain(src, monkeypatch, compat=False)
