@@ -87,7 +87,8 @@ class EarlyDigests:
             self._tables.setdefault(i, {}).update(zip(keys, hexes, strict=True))
 
     def _finish(self) -> None:
-        """Wait for the workers; a worker's death loses only the units it had not sent."""
+        """Wait for the workers. A worker that dies stops them all: only the units sent by
+        then are known."""
         pool, self._pool = self._pool, None
         if pool is None:
             return
