@@ -157,7 +157,7 @@ def test_a_shard_rewritten_after_it_was_hashed_ahead_is_hashed_again(
     assert got == _plain(ck, monkeypatch, compat=False)
 
 
-def test_a_worker_killed_loses_only_its_units(
+def test_a_worker_killed_leaves_the_rest_to_the_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
 ) -> None:
     ck = write_checkpoint(tmp_path / "ck", expert_tensors([0, 1], 3, k=3, seed=2), shards=3)
