@@ -91,7 +91,7 @@ def hash_artifact(
             )
     finally:
         if ahead is not None:
-            ahead.close()
+            ahead.stop()  # also when nothing was looked up
     return Hashed(ident, kind, findings, ckpt)
 
 

@@ -136,7 +136,8 @@ def _read_json(ckpt: Checkpoint, name: str, findings: Findings, **kw: Any) -> An
     return value
 
 
-def _list_safetensors(root: Path) -> list[str]:
+def list_safetensors(root: Path) -> list[str]:
+    """The names of the `*.safetensors` entries of `root` that are not folders, sorted."""
     return sorted(
         e.name for e in os.scandir(root) if e.name.endswith(".safetensors") and not e.is_dir()
     )
@@ -184,7 +185,7 @@ def _load_checkpoint(path: Path, findings: Findings, need_config: bool) -> Check
     if not path.is_dir():
         raise InputError(f"{path}: not a directory or regular file")
     try:
-        names = _list_safetensors(path)
+        names = list_safetensors(path)
         _report_links(path, sorted(e.name for e in os.scandir(path) if e.is_symlink()), findings)
     except OSError as exc:
         raise InputError(f"{path}: {exc.strerror}") from exc

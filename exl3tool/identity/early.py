@@ -24,11 +24,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from exl3tool.formats.checkpoint import list_safetensors
 from exl3tool.identity import engine
 from exl3tool.io import forkpool
 from exl3tool.io.progress import NO_PROGRESS
 from exl3tool.io.safetensors import FileStamp
-from exl3tool.io.views import same_content
+from exl3tool.io.views import PayloadFile, same_content
 
 EARLY_MIN_BYTES = 256 << 20  # below this the forks cost more than the overlap saves
 EARLY_MAX_FILES = 4096
@@ -113,8 +114,6 @@ class EarlyDigests:
         if pool is not None:
             pool.close()
 
-    close = stop  # also when nothing was looked up
-
 
 def start(path: Path, algo: str, threads: int | None) -> EarlyDigests | None:
     """Workers hashing the shards of the artifact at `path` ahead, or None where that cannot
@@ -136,24 +135,20 @@ def start(path: Path, algo: str, threads: int | None) -> EarlyDigests | None:
 
 def _shards(path: Path) -> list[tuple[Path, int]]:
     """(path, size) of each regular `*.safetensors` file of `path` (a file or a folder, not
-    recursed), in name order; none if unreadable or more than EARLY_MAX_FILES."""
+    recursed, as the checkpoint loader lists them); none if unreadable or more than
+    EARLY_MAX_FILES."""
     try:
-        if not path.is_dir():
-            st = os.stat(path)
-            return [(path, st.st_size)] if stat.S_ISREG(st.st_mode) else []
+        paths = [path / n for n in list_safetensors(path)] if path.is_dir() else [path]
+        if len(paths) > EARLY_MAX_FILES:
+            return []
         out: list[tuple[Path, int]] = []
-        with os.scandir(path) as it:
-            for entry in it:
-                if not entry.name.endswith(".safetensors"):
-                    continue
-                st = entry.stat()  # a Hugging Face snapshot's link: its blob
-                if stat.S_ISREG(st.st_mode):
-                    out.append((Path(entry.path), st.st_size))
-                if len(out) > EARLY_MAX_FILES:
-                    return []
+        for p in paths:
+            st = os.stat(p)  # a Hugging Face snapshot's link: its blob
+            if stat.S_ISREG(st.st_mode):
+                out.append((p, st.st_size))
     except (OSError, ValueError):
         return []
-    return sorted(out)
+    return out
 
 
 def _starter(
@@ -165,11 +160,11 @@ def _starter(
 
         def work(unit: tuple[int, int]) -> tuple[int, FileStamp | None, list, list]:
             i, lo = unit
-            path, size = shards[i]
+            path = shards[i][0]
             try:
                 if i not in cache:
                     cache.clear()
-                    cache[i] = _spans(path, size)
+                    cache[i] = _spans(path)
                 starts, spans = cache[i]
                 mine = spans[bisect_left(starts, lo) : bisect_left(starts, lo + CHUNK)]
                 if not mine:
@@ -196,22 +191,17 @@ def _faster(cost: dict[bool, list]) -> bool:
     return min(cost, key=lambda way: cost[way][0] / cost[way][1])
 
 
-def _spans(path: Path, size: int) -> _Spans:
+def _spans(path: Path) -> _Spans:
     """The sorted file spans of the tensors of one shard that the engine batches (1 byte to
     LARGEST, inside the file), found in its header by their `data_offsets` alone (twice as
     fast as `json.loads`, and nothing needs to be proven here: a span the header does not mean
     is a digest the engine never asks for); none if the spans add up to more than the file."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return [], []
-        head = os.pread(fd, 8, 0)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+    with PayloadFile(path) as f:  # a regular file, read with pread (InputChanged if it shrank)
+        size = f.size
+        n = int.from_bytes(f.buffer(0, 8), "little") if size >= 8 else -1
         if not 0 < n <= HEADER_MAX or 8 + n > size:
             return [], []
-        raw = os.pread(fd, n, 8)
-    finally:
-        os.close(fd)
+        raw = f.buffer(8, 8 + n)
     base, room = 8 + n, size - 8 - n
     spans: list[tuple[int, int]] = []
     total = 0
