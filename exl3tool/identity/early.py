@@ -36,8 +36,6 @@ EARLY_MAX_FILES = 4096
 HEADER_MAX = 16 << 20  # a larger header (10^5+ tensors) is left to the engine
 MAX_DIGESTS = 1 << 19  # this process keeps no more (~200 bytes each); the engine hashes the rest
 CHUNK = engine.MAP_BATCH  # a unit: the tensors that start in this many bytes of one file
-# the engine batches one-segment jobs up to this size (a job's size has 24 bits of its packed int)
-LARGEST = min(engine.MAP_BATCH // 2, (1 << 24) - 1)
 
 # How a worker reads (True: leased mappings, False: pread). Which is faster depends on the
 # machine (blake3, 2 workers: pread 0.61 s vs mapped 0.73 s on a 2-core AMD EPYC VM, mapped
@@ -193,7 +191,7 @@ def _faster(cost: dict[bool, list]) -> bool:
 
 def _spans(path: Path) -> _Spans:
     """The sorted file spans of the tensors of one shard that the engine batches (1 byte to
-    LARGEST, inside the file), found in its header by their `data_offsets` alone (twice as
+    `engine.batched_max()`, inside the file), found in its header by their `data_offsets` alone (twice as
     fast as `json.loads`, and nothing needs to be proven here: a span the header does not mean
     is a digest the engine never asks for); none if the spans add up to more than the file."""
     with PayloadFile(path) as f:  # a regular file, read with pread (InputChanged if it shrank)
@@ -202,11 +200,11 @@ def _spans(path: Path) -> _Spans:
         if not 0 < n <= HEADER_MAX or 8 + n > size:
             return [], []
         raw = f.buffer(8, 8 + n)
-    base, room = 8 + n, size - 8 - n
+    base, room, largest = 8 + n, size - 8 - n, engine.batched_max()
     spans: list[tuple[int, int]] = []
     total = 0
     for b, e in map(_to_ints, _OFFSETS.findall(raw)):
-        if 0 <= b < e <= room and e - b <= LARGEST:
+        if 0 <= b < e <= room and e - b <= largest:
             spans.append((base + b, base + e))
             total += e - b
     if total > room:  # overlapping spans: hashing them could cost far more than the file

@@ -218,6 +218,7 @@ def _constructor(algo: str) -> Any:
 # ints sorts by file offset, and 10^6 of them cost 50 MB, not the 150 MB of 3-tuples.
 _JOB_BITS, _SIZE_SHIFT, _START_SHIFT = 32, 32, 56
 _JOB_MASK = (1 << _JOB_BITS) - 1
+_SIZE_MASK = (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1
 
 
 class _Batch(NamedTuple):
@@ -251,7 +252,7 @@ def _batches(
     (blake3 batches up to half a mapped batch) becomes a job of its own, put in `large`."""
     jobs: list[_Job] = []
     out: list[_Batch] = []
-    mask = (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1
+    mask = _SIZE_MASK
     job_mask = _JOB_MASK
     for path, packed in small.items():
         leased = type(files[path]) is _Leased
@@ -288,6 +289,11 @@ class Known(Protocol):
         """No more hashing ahead: what is done is all there is."""
 
 
+def batched_max() -> int:
+    """The largest one-segment job read in batches with others (a larger one is a job alone)."""
+    return min(MAP_BATCH // 2, _SIZE_MASK)
+
+
 def span_key(start: int, n: int) -> int:
     """The key of a one-segment job of `n` bytes (< 16 MiB) at `start` in a `Known` table:
     its packed int without the job index."""
@@ -310,7 +316,7 @@ def _plan(jobs: Iterable[tuple[Any, Sequence[Segment]]], algo: str, threads: int
     large: dict[int, tuple[Segment, ...]] = {}
     sizes: list[tuple[int, int]] = []  # (bytes, job) of large jobs
     total = 0
-    small_max = min(MAP_BATCH // 2, (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1)  # see _batches
+    small_max = batched_max()
     last: Path | None = None
     packed: list[int] = []
     for i, (key, segs) in enumerate(jobs):
@@ -398,7 +404,7 @@ class _Worker:
         """One hasher per job of `b`, each over its slice of `view` (file bytes from `lo`). Of
         a `leased` file (`view` its whole mapping) the lease is checked again every MAP_WINDOW
         bytes, the pages hashed dropped every `drop_span` bytes and the rest at the end."""
-        mask = (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1
+        mask = _SIZE_MASK
         job_mask = _JOB_MASK
         ctor = self.ctor
         due = b.lo + MAP_WINDOW if leased is not None else 1 << 62
@@ -636,7 +642,6 @@ def _take_known(
     """Fill the digests `known` holds for the small jobs of files with their `expected` stamp
     and drop those jobs from the plan (one `second` wants stays: only its second digest is
     then hashed). Returns the bytes no longer to hash."""
-    size_mask = (1 << (_START_SHIFT - _SIZE_SHIFT)) - 1
     wanted = second.wanted if second is not None else None
     saved = 0
     for path, packed in plan.small.items():
@@ -655,7 +660,7 @@ def _take_known(
             if wanted is not None and wanted[job]:
                 keep.append(k)
             else:
-                saved += (k >> _SIZE_SHIFT) & size_mask
+                saved += (k >> _SIZE_SHIFT) & _SIZE_MASK
         packed[:] = keep
     return saved
 
