@@ -232,8 +232,7 @@ def compute_identity(
         plan = build_plan(ckpt)
     plan = select(plan, layers)
     with paused_gc():  # per-tensor records, digests and the block's: no cycle among them
-        args = (selection, threads, progress, compat, known, stamps)
-        return _identity(ckpt, plan, algo, *args)
+        return _identity(ckpt, plan, algo, selection, threads, progress, compat, known, stamps)
 
 
 def _identity(
