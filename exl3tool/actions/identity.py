@@ -70,8 +70,9 @@ def hash_artifact(
     from exl3tool.identity.logical import build_plan
     from exl3tool.io.progress import progress_bar
 
-    ahead = early.start(path, algo, threads) if spec is None else None  # hashes while we parse
+    ahead = None
     try:
+        ahead = early.start(path, algo, threads) if spec is None else None  # hashes while we parse
         ckpt, kind, findings = open_artifact(path)
         plan = select(build_plan(ckpt), parse_layers(spec) if spec else None)
         if kind is Kind.MSRT_BASE and compat is not False:

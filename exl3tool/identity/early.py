@@ -29,11 +29,17 @@ from exl3tool.identity import engine
 from exl3tool.io import forkpool
 from exl3tool.io.progress import NO_PROGRESS
 from exl3tool.io.safetensors import FileStamp
-from exl3tool.io.views import PayloadFile, same_content
+from exl3tool.io.views import PayloadFile
 
 EARLY_MIN_BYTES = 256 << 20  # below this the forks cost more than the overlap saves
 EARLY_MAX_FILES = 4096
-HEADER_MAX = 16 << 20  # a larger header (10^5+ tensors) is left to the engine
+HEADER_MAX = 4 << 20  # a larger header (~40,000+ tensors) is left to the engine: each worker
+# holds the spans of the shard it hashes, and this bounds them to a few MB
+MAX_UNITS = 1 << 16  # chunks of all shards (2 TiB); a larger artifact is left to the engine
+SPARSE = 8  # a shard with under 1/SPARSE of its size allocated on disk is left to the engine
+# A file changed within this long before a worker read it may change again within the same
+# tick of the file system's clock, keeping its stamp: what the worker read is then not used.
+RACY_NS = 1_000_000_000
 MAX_DIGESTS = 1 << 19  # this process keeps no more (~200 bytes each); the engine hashes the rest
 CHUNK = engine.MAP_BATCH  # a unit: the tensors that start in this many bytes of one file
 
@@ -77,7 +83,7 @@ class EarlyDigests:
                     self._workers.cancel()
                 return
             seen = self._stamps.get(i, stamp)
-            if seen is None or not same_content(seen, stamp):
+            if seen is None or seen != stamp:  # ctime too: a rewrite that kept its mtime
                 self._stamps[i] = None
                 self._tables.pop(i, None)
                 return
@@ -102,7 +108,10 @@ class EarlyDigests:
         self._finish()
         i = self._by_inode.get((stamp.dev, stamp.ino))
         seen = self._stamps.get(i) if i is not None else None
-        if seen is None or not same_content(seen, stamp):
+        # The whole stamp, ctime included: these bytes were read before the header was, so a
+        # rewrite in between that kept the size and mtime (a copy with its times preserved)
+        # must not pass.
+        if seen is None or seen != stamp:
             return None
         return self._tables.get(i)  # type: ignore[arg-type]
 
@@ -125,6 +134,8 @@ def start(path: Path, algo: str, threads: int | None) -> EarlyDigests | None:
     shards = _shards(path)
     if not shards or sum(size for _, size in shards) < EARLY_MIN_BYTES:
         return None
+    if sum(-(-size // CHUNK) for _, size in shards) > MAX_UNITS:
+        return None
     try:
         return EarlyDigests(shards, engine.check_algo(algo), workers)
     except OSError:  # no process or pipe left: the engine alone
@@ -133,7 +144,8 @@ def start(path: Path, algo: str, threads: int | None) -> EarlyDigests | None:
 
 def _shards(path: Path) -> list[tuple[Path, int]]:
     """(path, size) of each regular `*.safetensors` file of `path` (a file or a folder, not
-    recursed, as the checkpoint loader lists them); none if unreadable or more than
+    recursed, as the checkpoint loader lists them) that is not sparse (a stray file truncated
+    to petabytes would be all units and no tensors); none if unreadable or more than
     EARLY_MAX_FILES."""
     try:
         paths = [path / n for n in list_safetensors(path)] if path.is_dir() else [path]
@@ -142,7 +154,9 @@ def _shards(path: Path) -> list[tuple[Path, int]]:
         out: list[tuple[Path, int]] = []
         for p in paths:
             st = os.stat(p)  # a Hugging Face snapshot's link: its blob
-            if stat.S_ISREG(st.st_mode):
+            # st_blocks 0: a file system that does not count them (not known to be sparse)
+            sparse = 0 < st.st_blocks * 512 * SPARSE < st.st_size
+            if stat.S_ISREG(st.st_mode) and not sparse:
                 out.append((p, st.st_size))
     except (OSError, ValueError):
         return []
@@ -168,12 +182,14 @@ def _starter(
                 if not mine:
                     return i, None, [], []
                 way = _faster(cost)
-                took = time.process_time()
+                began, took = time.time_ns(), time.process_time()
                 stamp, hexes = engine.hash_spans(path, mine, algo, workers, mapped=way)
                 cost[way][0] += time.process_time() - took
                 cost[way][1] += sum(e - s for s, e in mine)
             except Exception:  # the engine hashes these, and reports what is wrong
                 return i, None, [], []
+            if stamp.ctime_ns >= began - RACY_NS:  # changed just before: its stamp may hold
+                return i, None, [], []  # through another change (see RACY_NS)
             return i, stamp, [engine.span_key(s, e - s) for s, e in mine], hexes
 
         return work

@@ -306,6 +306,8 @@ class _Plan(NamedTuple):
     units: list[_Job | _Batch]  # large jobs (largest first); `_batches(small)` go after them
     small: dict[Path, list[int]]  # packed small jobs of each file
     paths: list[Path]
+    small_bytes: int  # of the jobs in `small`
+    large_bytes: int  # of the jobs in `large`
 
 
 def _plan(jobs: Iterable[tuple[Any, Sequence[Segment]]], algo: str, threads: int) -> _Plan:
@@ -344,7 +346,8 @@ def _plan(jobs: Iterable[tuple[Any, Sequence[Segment]]], algo: str, threads: int
         big = algo == "blake3" and threads > 1 and n >= MT_MIN and n > fair / 2
         units.append(_Job(i, threads if big else 1))
     paths = list(small) + [seg.path for segs in large.values() for seg in segs]
-    return _Plan(keys, large, units, small, paths)
+    large_bytes = sum(n for n, _ in sizes)
+    return _Plan(keys, large, units, small, paths, total - large_bytes, large_bytes)
 
 
 class _Stopped(Exception):
@@ -609,7 +612,11 @@ def _hash(
 
     try:
         if known is not None and expected:
-            if second is not None:  # the rest is read once, for both algorithms
+            # No waiting for the workers when the rest is read once for both algorithms, or
+            # when most bytes are not in one-segment jobs that could take a digest hashed ahead
+            # (a rank-sliced artifact's logical tensors, a dense model's large weights): what
+            # they sent by now is taken, the engine hashes everything else.
+            if second is not None or plan.small_bytes < plan.large_bytes:
                 known.stop()
             prog.advance(_take_known(plan, known, expected, digests, second))
         _lease_all(files)

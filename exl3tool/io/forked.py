@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from exl3tool.io.forking import fork_held, release_in_child
+
 T = TypeVar("T")
 TIMEOUT_S = 120.0  # of silence while the parent waits: it then runs the function itself
 _CHUNK = 1 << 20
@@ -49,7 +51,7 @@ class Forked(Generic[T]):
     def _start(self) -> None:
         r, w = os.pipe()
         try:
-            pid = os.fork()
+            pid, mask = fork_held()
         except OSError:  # no memory or process slots for a child: the parent computes it
             os.close(r)
             os.close(w)
@@ -57,9 +59,10 @@ class Forked(Generic[T]):
         if pid == 0:  # the child: compute, write, leave without running any of the parent's exits
             code = 1
             try:
-                os.close(r)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                release_in_child(mask)
+                os.close(r)
                 data = pickle.dumps(self._fn(), protocol=pickle.HIGHEST_PROTOCOL)
                 view = memoryview(data)
                 while view:

@@ -33,10 +33,12 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from exl3tool.io.forking import fork_held, release_in_child
 from exl3tool.rules.errors import InputError
 
 _HEAD = struct.Struct("<cI")  # a frame: its kind and the length of its pickled body
 _INDEX = struct.Struct("<I")  # a unit index on the task pipe (4 bytes: reads are atomic)
+_MAX_UNITS = 1 << 32  # indices 0 .. 2^32 - 1
 _PROGRESS, _RESULT, _ERROR, _DONE = b"P", b"R", b"E", b"Z"
 
 
@@ -80,6 +82,8 @@ class ForkPool:
         accept: Callable[[Any], None],
         progress: Any,
     ) -> None:
+        if len(units) > _MAX_UNITS:
+            raise ValueError(f"{len(units)} units: a pool takes at most {_MAX_UNITS}")
         self._accept = accept
         self._progress = progress
         self._errors: list[BaseException] = []
@@ -104,7 +108,7 @@ class ForkPool:
                 try:
                     with warnings.catch_warnings():  # 3.12+: "multi-threaded, use of fork()"
                         warnings.simplefilter("ignore", DeprecationWarning)
-                        pid = os.fork()
+                        pid, mask = fork_held()
                 except OSError:
                     os.close(out_r)
                     os.close(out_w)
@@ -112,9 +116,7 @@ class ForkPool:
                         raise
                     break  # as many workers as the system allows
                 if pid == 0:  # pragma: no cover (a worker; coverage is not collected there)
-                    os.close(self._task_w)
-                    os.close(out_r)
-                    _worker(task_r, out_w, units, start)
+                    _worker(task_r, out_w, units, start, (self._task_w, out_r), mask)
                 os.close(out_w)
                 with self._lock:
                     self._children[pid] = out_r
@@ -230,15 +232,24 @@ def _feed(fd: int, count: int) -> None:
 
 
 def _worker(  # pragma: no cover (runs in the forked process)
-    task: int, out: int, units: Sequence[Any], start: Callable[[Any], Callable[[Any], Any]]
+    task: int,
+    out: int,
+    units: Sequence[Any],
+    start: Callable[[Any], Callable[[Any], Any]],
+    parent_fds: tuple[int, ...],
+    mask: frozenset[int],
 ) -> None:
-    """A forked worker's whole life: units from `task`, frames to `out`, then `os._exit`."""
+    """A forked worker's whole life (from `fork_held`, SIGINT and SIGTERM still blocked): units
+    from `task`, frames to `out`, then `os._exit`. `parent_fds`: the parent's ends, closed here."""
     code = 1
     try:
-        gc.disable()  # a collection would touch (and copy) every object the parent holds
-        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the worker's life)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops its workers
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        release_in_child(mask)
+        for fd in parent_fds:
+            os.close(fd)
+        gc.disable()  # a collection would touch (and copy) every object the parent holds
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the worker's life)
         pipe = os.fdopen(out, "wb", buffering=1 << 16)
 
         def send(kind: bytes, body: Any) -> None:

@@ -6,12 +6,13 @@ import json
 import os
 import signal
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from identity_fixtures import expert_tensors, write_checkpoint
+from identity_fixtures import expert_tensors, rank_slice, write_checkpoint
 
 from exl3tool.actions.identity import Options, run
 from exl3tool.identity import early, engine
@@ -29,6 +30,7 @@ def ahead(monkeypatch: pytest.MonkeyPatch) -> list[early.EarlyDigests]:
     monkeypatch.setattr(early, "EARLY_MIN_BYTES", 0)
     monkeypatch.setattr(early, "CHUNK", 4096)
     monkeypatch.setattr(early, "TRIAL_BYTES", 1)  # each worker reads both ways, then either
+    monkeypatch.setattr(early, "RACY_NS", 0)  # the shards are written just before
     monkeypatch.setattr(engine, "fork_unsafe", lambda: False)  # pytest may hold torch
     for var in ("EXL3TOOL_NO_EARLY", "EXL3TOOL_NO_FORK"):
         monkeypatch.delenv(var, raising=False)
@@ -154,6 +156,121 @@ def test_a_shard_rewritten_after_it_was_hashed_ahead_is_hashed_again(
     monkeypatch.setattr(early, "start", then_rewrite)
     got = _identity(ck, compat=False)
     assert ahead and ahead[0].lookup(shard, _stamp(shard)) is None
+    assert got == _plain(ck, monkeypatch, compat=False)
+
+
+def test_a_rewrite_that_keeps_size_and_mtime_is_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
+) -> None:
+    """The bytes hashed ahead were read before the header: a shard rewritten in between with
+    its size and mtime kept (a copy that preserves times) differs only in its ctime, and that
+    is enough for the engine to hash it again."""
+    ck = write_checkpoint(tmp_path / "ck", expert_tensors([0], 2, k=3, seed=3), shards=2)
+    shard = ck / "model-00001-of-00002.safetensors"
+    real = early.start
+
+    def then_rewrite(*args: Any, **kwargs: Any) -> Any:
+        got = real(*args, **kwargs)
+        if got is None:  # the run without hashing ahead
+            return None
+        got._finish()
+        before = os.stat(shard)
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+        now = os.stat(shard)
+        assert (now.st_size, now.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+        if now.st_ctime_ns == before.st_ctime_ns:  # a coarse clock: one tick later, again
+            time.sleep(0.02)
+            os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+        return got
+
+    monkeypatch.setattr(early, "start", then_rewrite)
+    got = _identity(ck, compat=False)
+    assert ahead and ahead[0].lookup(shard, _stamp(shard)) is None
+    assert got == _plain(ck, monkeypatch, compat=False)
+
+
+def test_a_shard_changed_just_before_it_was_read_is_left_to_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
+) -> None:
+    """A file whose ctime is within RACY_NS of the read may change again within the same tick
+    of the file system's clock, keeping its whole stamp: none of its digests are kept."""
+    ck = write_checkpoint(tmp_path / "ck", expert_tensors([0, 1], 2, k=3, seed=4), shards=2)
+    monkeypatch.setattr(early, "RACY_NS", 10**12)  # every shard counts as just changed
+    got = _identity(ck, compat=False)
+    assert ahead
+    for shard in ck.glob("*.safetensors"):
+        assert ahead[0].lookup(shard, _stamp(shard)) is None
+    assert got == _plain(ck, monkeypatch, compat=False)
+
+
+def test_sparse_or_huge_shards_are_not_cut_into_units(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
+) -> None:
+    """Units are sized by the file: a stray shard truncated to 2^40 bytes (a few KB on disk)
+    is left to the engine, and past MAX_UNITS nothing is hashed ahead (no unit list in
+    proportion to an apparent size)."""
+    ck = write_checkpoint(tmp_path / "ck", expert_tensors([0], 2, k=3, seed=5), shards=2)
+    stray = ck / "stray.safetensors"
+    with open(stray, "wb") as fh:
+        fh.write(bytes(1 << 16))
+        fh.truncate(1 << 40)
+    if os.stat(stray).st_blocks == 0:
+        pytest.skip("this file system does not count allocated blocks")
+    listed = {p for p, _ in early._shards(ck)}
+    assert stray not in listed and len(listed) == 2
+    monkeypatch.setattr(early, "MAX_UNITS", 3)  # 4 KiB units (the fixture): more than 3
+    assert early.start(ck, "blake3", 2) is None
+
+
+def test_a_worker_interrupted_before_its_handlers_are_set_stays_a_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C that reaches a worker right after the fork waits, blocked, until the worker
+    ignores SIGINT: the worker never unwinds the parent's code, and the pool finishes."""
+    real = os.fork
+
+    def interrupted_fork() -> int:
+        pid = real()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # before any handler of the worker's own
+        return pid
+
+    monkeypatch.setattr(os, "fork", interrupted_fork)
+    got: list[int] = []
+    pool = forkpool.ForkPool(2, list(range(20)), lambda _p: lambda u: u * u, got.append, None)
+    try:
+        pool.wait()
+    finally:
+        pool.close()
+    assert sorted(got) == [u * u for u in range(20)]
+
+
+def test_a_rank_sliced_artifact_does_not_wait_for_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
+) -> None:
+    """Its logical tensors are jobs of several segments, which never take a digest hashed
+    ahead: the engine stops the workers before it looks up what they sent, instead of waiting
+    for all of them to hash what it then reads again."""
+    full = expert_tensors([0, 1], 3, k=3, seed=6)
+    ck = write_checkpoint(tmp_path / "ck", rank_slice(full, 2), shards=2)
+    calls: list[str] = []
+    real_stop, real_lookup = early.EarlyDigests.stop, early.EarlyDigests.lookup
+
+    def stop(self: early.EarlyDigests) -> None:
+        calls.append("stop")
+        real_stop(self)
+
+    def lookup(self: early.EarlyDigests, *args: Any) -> Any:
+        calls.append("lookup")
+        return real_lookup(self, *args)
+
+    monkeypatch.setattr(early.EarlyDigests, "stop", stop)
+    monkeypatch.setattr(early.EarlyDigests, "lookup", lookup)
+    got = _identity(ck, compat=False)
+    assert ahead and calls[0] == "stop" and "lookup" in calls
     assert got == _plain(ck, monkeypatch, compat=False)
 
 
