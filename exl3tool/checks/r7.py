@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -53,6 +54,7 @@ from exl3tool.formats.r7 import Block, R7Payload, layer_shard
 from exl3tool.formats.tail import POINTER, Tail, parse_tail, raw_tail
 from exl3tool.io.forked import Forked
 from exl3tool.io.strict_json import is_json_int, pointer_join
+from exl3tool.io.views import changed_lately
 from exl3tool.rules import r7 as r7
 from exl3tool.rules.registry import Findings
 
@@ -113,12 +115,13 @@ def prefetch_r7(root: Path) -> Prefetched | None:
     labels = [n for n, m in held if m and int(m[1]) in block.layers and layer_shard(int(m[1])) == n]
     planned, total = [], 0
     for label in labels:
+        began = time.time_ns()
         try:
             reads = fact_reads(root / label, label)
         except OSError:  # no facts for this shard: the checks read it themselves
             continue
-        if reads is None:
-            continue
+        if reads is None or changed_lately(reads.shard.stamp, began):
+            continue  # (read before its header: a shard changed just before may keep its stamp)
         n = reads.vector_bytes()
         if total + n <= FACTS_MAX_TOTAL:
             planned.append(reads)

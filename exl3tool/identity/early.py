@@ -26,7 +26,7 @@ from typing import Any
 
 from exl3tool.formats.checkpoint import list_safetensors
 from exl3tool.identity import engine
-from exl3tool.io import forkpool
+from exl3tool.io import forkpool, views
 from exl3tool.io.progress import NO_PROGRESS
 from exl3tool.io.safetensors import FileStamp
 from exl3tool.io.views import PayloadFile
@@ -37,9 +37,6 @@ HEADER_MAX = 4 << 20  # a larger header (~40,000+ tensors) is left to the engine
 # holds the spans of the shard it hashes, and this bounds them to a few MB
 MAX_UNITS = 1 << 16  # chunks of all shards (2 TiB); a larger artifact is left to the engine
 SPARSE = 8  # a shard with under 1/SPARSE of its size allocated on disk is left to the engine
-# A file changed within this long before a worker read it may change again within the same
-# tick of the file system's clock, keeping its stamp: what the worker read is then not used.
-RACY_NS = 1_000_000_000
 MAX_DIGESTS = 1 << 19  # this process keeps no more (~200 bytes each); the engine hashes the rest
 CHUNK = engine.MAP_BATCH  # a unit: the tensors that start in this many bytes of one file
 
@@ -188,8 +185,8 @@ def _starter(
                 cost[way][1] += sum(e - s for s, e in mine)
             except Exception:  # the engine hashes these, and reports what is wrong
                 return i, None, [], []
-            if stamp.ctime_ns >= began - RACY_NS:  # changed just before: its stamp may hold
-                return i, None, [], []  # through another change (see RACY_NS)
+            if views.changed_lately(stamp, began):  # nothing kept: see views.RACY_NS
+                return i, None, [], []
             return i, stamp, [engine.span_key(s, e - s) for s, e in mine], hexes
 
         return work

@@ -34,6 +34,18 @@ def same_content(a: FileStamp, b: FileStamp) -> bool:
     return (a.dev, a.ino, a.size, a.mtime_ns) == (b.dev, b.ino, b.size, b.mtime_ns)
 
 
+# A file changed within this long before it was read may change again within the same tick of
+# the file system's clock and keep its whole stamp, ctime included.
+RACY_NS = 1_000_000_000
+
+
+def changed_lately(stamp: FileStamp, read_at_ns: int) -> bool:
+    """Whether the file of `stamp` changed within RACY_NS before `read_at_ns` (wall-clock ns,
+    taken before it was read): bytes read from it ahead of its header (by a worker) are then
+    not used, as its stamp cannot prove that they are the header's."""
+    return stamp.ctime_ns >= read_at_ns - RACY_NS
+
+
 def stamp_of_path(path: Path) -> FileStamp | None:
     """The stamp of the file `path` names now, or None if gone. A final symlink is followed, as
     `open` did (Hugging Face cache snapshots link into blobs/): a link re-pointed at another

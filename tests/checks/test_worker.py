@@ -19,6 +19,7 @@ from exl3tool.actions.validate import validate_path
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.rows import from_rows, rows
 from exl3tool.io import forked as worker
+from exl3tool.io import views
 from exl3tool.io.forked import Forked
 from exl3tool.rules import r7 as r7_rules
 from exl3tool.rules.registry import Findings
@@ -34,6 +35,12 @@ def _reaped(pid: int) -> bool:
     except ChildProcessError:
         return True
     return False
+
+
+@pytest.fixture(autouse=True)
+def _shards_written_long_ago(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixtures' shards are copied just before each test: read ahead all the same."""
+    monkeypatch.setattr(views, "RACY_NS", 0)
 
 
 def _fork_for_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,6 +269,23 @@ def test_read_ahead_stops_at_its_byte_cap(
     capped = r7.prefetch_r7(root)
     assert capped is not None and not capped.facts
     assert payload.FACTS_MAX_TOTAL >= 1 << 20
+    alone = _report(root, threads=1)
+    _fork_for_any_size(monkeypatch)
+    assert json.dumps(_report(root, threads=None)) == json.dumps(alone)
+
+
+def test_a_shard_changed_just_before_it_is_read_ahead_gets_no_facts(
+    pristine: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Facts are read before the header: a shard whose ctime is within RACY_NS of the read
+    could change again in the same clock tick with its stamp kept, so the checks read it."""
+    from exl3tool.checks import r7
+
+    root = copy(pristine["r7"], tmp_path / "r7")
+    assert r7.prefetch_r7(root).facts
+    monkeypatch.setattr(views, "RACY_NS", 10**12)
+    got = r7.prefetch_r7(root)
+    assert got is not None and not got.facts and got.manifests.layers
     alone = _report(root, threads=1)
     _fork_for_any_size(monkeypatch)
     assert json.dumps(_report(root, threads=None)) == json.dumps(alone)

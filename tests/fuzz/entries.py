@@ -64,6 +64,7 @@ def _identity_early(art: Path, pristine: dict[str, Path], out: Path, kind: str) 
 
     from exl3tool.actions.identity import Options, run
     from exl3tool.identity import early, engine
+    from exl3tool.io import views
     from exl3tool.rules.errors import Exl3ToolError
 
     def outcome() -> tuple[Any, ...]:
@@ -74,15 +75,17 @@ def _identity_early(art: Path, pristine: dict[str, Path], out: Path, kind: str) 
         ident = r.identity.to_json() if r.identity is not None else None
         return ident, sorted((f.code, f.message) for f in r.findings), r
 
-    saved = early.EARLY_MIN_BYTES, early.CHUNK, engine.fork_unsafe
+    # the artifact was just written: RACY_NS 0 or nothing hashed ahead would be kept
+    saved = early.EARLY_MIN_BYTES, early.CHUNK, engine.fork_unsafe, views.RACY_NS
     early.EARLY_MIN_BYTES, early.CHUNK, engine.fork_unsafe = 0, 4096, lambda: False
+    views.RACY_NS = 0
     try:
         ahead = outcome()
         os.environ["EXL3TOOL_NO_EARLY"] = "1"
         plain = outcome()
     finally:
         os.environ.pop("EXL3TOOL_NO_EARLY", None)
-        early.EARLY_MIN_BYTES, early.CHUNK, engine.fork_unsafe = saved
+        early.EARLY_MIN_BYTES, early.CHUNK, engine.fork_unsafe, views.RACY_NS = saved
     assert ahead[:2] == plain[:2], f"hashed ahead: {ahead[:2]!r:.300} alone: {plain[:2]!r:.300}"
     return ahead[2].findings if len(ahead) > 2 else None
 

@@ -17,7 +17,7 @@ from identity_fixtures import expert_tensors, rank_slice, write_checkpoint
 from exl3tool.actions.identity import Options, run
 from exl3tool.identity import early, engine
 from exl3tool.identity.fast import compute_identity
-from exl3tool.io import forkpool
+from exl3tool.io import forkpool, views
 from exl3tool.io.safetensors import FileStamp
 
 pytestmark = pytest.mark.skipif(not forkpool.available(), reason="forked workers need Linux")
@@ -30,7 +30,7 @@ def ahead(monkeypatch: pytest.MonkeyPatch) -> list[early.EarlyDigests]:
     monkeypatch.setattr(early, "EARLY_MIN_BYTES", 0)
     monkeypatch.setattr(early, "CHUNK", 4096)
     monkeypatch.setattr(early, "TRIAL_BYTES", 1)  # each worker reads both ways, then either
-    monkeypatch.setattr(early, "RACY_NS", 0)  # the shards are written just before
+    monkeypatch.setattr(views, "RACY_NS", 0)  # the shards are written just before
     monkeypatch.setattr(engine, "fork_unsafe", lambda: False)  # pytest may hold torch
     for var in ("EXL3TOOL_NO_EARLY", "EXL3TOOL_NO_FORK"):
         monkeypatch.delenv(var, raising=False)
@@ -198,7 +198,7 @@ def test_a_shard_changed_just_before_it_was_read_is_left_to_the_engine(
     """A file whose ctime is within RACY_NS of the read may change again within the same tick
     of the file system's clock, keeping its whole stamp: none of its digests are kept."""
     ck = write_checkpoint(tmp_path / "ck", expert_tensors([0, 1], 2, k=3, seed=4), shards=2)
-    monkeypatch.setattr(early, "RACY_NS", 10**12)  # every shard counts as just changed
+    monkeypatch.setattr(views, "RACY_NS", 10**12)  # every shard counts as just changed
     got = _identity(ck, compat=False)
     assert ahead
     for shard in ck.glob("*.safetensors"):
