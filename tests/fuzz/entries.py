@@ -26,6 +26,35 @@ def _validate(**options: Any) -> Call:
     return call
 
 
+def _validate_ahead(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    """validate of an R7 checkpoint with its read-ahead worker forked (io/forked; from 4 MiB of
+    JSON, here at any size) must report what it reports alone (one thread): the same findings
+    in the same order."""
+    from exl3tool.actions import validate
+    from exl3tool.checks.options import ValidateOptions
+    from exl3tool.checks.rows import rows
+    from exl3tool.io import views
+    from exl3tool.rules.errors import Exl3ToolError
+
+    def outcome(threads: int) -> tuple[Any, ...]:
+        try:
+            found = validate.validate_path(art, ValidateOptions(threads=threads))[1]
+        except Exl3ToolError as exc:  # raised the same way alone, or it is a defect
+            return (type(exc).__name__, str(exc))
+        return rows(found), found
+
+    # the artifact was just written: RACY_NS 0 or nothing read ahead would be used
+    saved = validate.PREFETCH_MIN_BYTES, views.RACY_NS
+    validate.PREFETCH_MIN_BYTES, views.RACY_NS = 0, 0
+    try:
+        ahead = outcome(2)
+    finally:
+        validate.PREFETCH_MIN_BYTES, views.RACY_NS = saved
+    alone = outcome(1)
+    assert ahead[0] == alone[0], f"read ahead: {ahead[0]!r:.300} alone: {alone[0]!r:.300}"
+    return ahead[1] if type(ahead[1]) is not str else None
+
+
 def identity_of(art: Path) -> Any:
     """The sha256 identity of a checkpoint, straight from the engine (one thread)."""
     from exl3tool.formats.checkpoint import load_checkpoint
@@ -210,6 +239,7 @@ CALLS: dict[str, Call] = {
     "validate-hash": _validate(hash=True),
     "validate-tp2": _validate(tp=2),
     "validate-base": _validate(with_base=True),
+    "validate-ahead": _validate_ahead,
     "identity": lambda art, pristine, out, kind: identity_of(art),
     "identity-cli": _identity_cli,
     "identity-forked": _identity_forked,

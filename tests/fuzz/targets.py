@@ -129,7 +129,7 @@ _CHECKPOINT = (
 )
 ENTRIES = {
     "exl3": (*_CHECKPOINT, "slice"),
-    "r7": (*_CHECKPOINT, "slice"),
+    "r7": (*_CHECKPOINT, "slice", "validate-ahead"),  # its read-ahead worker vs. one thread
     "rank-sliced": _CHECKPOINT,
     "base": (*_BASE, "slice", "slice-rank-sliced", "slice-expert", "diff"),
     "cartridge": ("validate", "validate-base", "validate-hash", "stage", "stage-tp2"),
