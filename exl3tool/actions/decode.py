@@ -112,7 +112,7 @@ def run(opts: Options) -> DecodeResult:
 
     if opts.device not in ("cpu", "cuda"):
         raise UsageError(f"unknown --device {opts.device!r}; choose cpu or cuda")
-    check_output(opts.output, opts.force)
+    check_output(opts.output, opts.force, (opts.path,))
     require_torch("decode")
     path = resolve_input(opts.path)
     prefix = opts.tensor.removesuffix(".trellis")
@@ -123,7 +123,7 @@ def run(opts: Options) -> DecodeResult:
     if weight is None or result.findings.has_errors():
         return result
     name = f"{prefix}.weight_rotated" if opts.rotated else f"{prefix}.weight"
-    with atomic_file(opts.output, force=opts.force) as fh:
+    with atomic_file(opts.output, force=opts.force, inputs=(path,)) as fh:
         write_arrays(fh, {name: weight})
     result.name, result.shape = name, list(weight.shape)
     return result

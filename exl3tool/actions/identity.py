@@ -137,7 +137,7 @@ def run(opts: Options) -> IdentityResult:
     if opts.check is not None:
         return check_record(opts)
     path = _prepare(opts)
-    check_output(opts.sha256sum, opts.force)
+    check_output(opts.sha256sum, opts.force, (path,))
     hashed = hash_artifact(
         path, opts.algo or "blake3", opts.layers, opts.threads, None if opts.compat else False
     )
@@ -191,6 +191,8 @@ def _manifest_line(digest: str, rel: str) -> str:
 
 
 def _artifact_files(path: Path, exclude: Path | None) -> tuple[Path, list[str]]:
+    from exl3tool.io.outputs import real_location
+
     if path.is_file():
         return path.parent, [path.name]
     files = []
@@ -201,8 +203,8 @@ def _artifact_files(path: Path, exclude: Path | None) -> tuple[Path, list[str]]:
             # a link to a file is that file (HF cache snapshots link every file into blobs/)
             if n.startswith(".") or not p.is_file():
                 continue
-            if exclude is not None and p.absolute() == exclude.absolute():
-                continue
+            if exclude is not None and real_location(p) == real_location(exclude):
+                continue  # the manifest itself (named through a link or `..` too)
             files.append(p.relative_to(path).as_posix())
     return path, sorted(files)
 

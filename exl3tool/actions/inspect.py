@@ -121,7 +121,7 @@ def run(opts: Options) -> InspectResult:
     from exl3tool.report.render import check_output
 
     if opts.plot is not None:
-        check_output(opts.plot, opts.force)
+        check_output(opts.plot, opts.force, (opts.path,))
         from exl3tool.actions.inspect_plot import require_matplotlib
 
         require_matplotlib()

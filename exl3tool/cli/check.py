@@ -62,7 +62,7 @@ def check(
     from exl3tool.actions import check as action
     from exl3tool.report.render import check_output, emit, render_string, write_output
 
-    check_output(output, force)
+    check_output(output, force, (*(paths or ()), *((config,) if config else ())))
     opts = action.Options(
         tuple(paths or ()), config, quiet, rule_selection(select, ignore, severity)
     )

@@ -37,7 +37,7 @@ def diff(
     from exl3tool.report.identity import diff_text
     from exl3tool.report.render import check_output, write_output
 
-    check_output(output, force)
+    check_output(output, force, (a, b))
     result = action.run(action.Options(a, b, algo, threads))
     for f in result.errors:
         sys.stderr.write(f"exl3tool: {f.location.file}: {f.code} {f.message}\n")

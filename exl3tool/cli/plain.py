@@ -76,7 +76,7 @@ def identity_body(
     from exl3tool.report.render import check_output, write_output
 
     fmt = _format(fmt, output, check_file is not None)
-    check_output(output, force)
+    check_output(output, force, (path,) if check_file is None else (path, check_file))
     opts = action.Options(
         path, algo, layers, threads, compat, sha256sum, check=check_file, force=force
     )
@@ -180,7 +180,7 @@ def validate_body(
     from exl3tool.actions import validate as action
     from exl3tool.report.render import check_output, emit
 
-    check_output(output, force)
+    check_output(output, force, paths)
     opts = action.Options(
         paths=tuple(paths),
         tp=tp,

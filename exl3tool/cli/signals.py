@@ -9,7 +9,7 @@ import signal
 import sys
 from types import FrameType
 
-from exl3tool.rules.errors import Interrupted
+from exl3tool.rules.errors import Interrupted, defer_interrupt
 
 _fired = False
 
@@ -19,6 +19,8 @@ def _handler(signum: int, _frame: FrameType | None) -> None:
     if _fired:  # a second signal while cleaning up: leave now
         os._exit(128 + signum)
     _fired = True
+    if defer_interrupt(signum):  # a cleanup under way: raised when it is done
+        return
     raise Interrupted(signum)
 
 

@@ -27,6 +27,7 @@ import sys
 import threading
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from functools import partial
 from itertools import compress
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -625,7 +626,9 @@ def _hash(
         if _forking(threads, units, plan.large):
             _run_forked(units, plan.large, files, ctor, algo, prog, threads, digests, second)
         else:
-            run_threads([worker] * max(1, min(threads, len(units))), "exl3hash")
+            # an interrupt: each worker stops at its next window, then it is raised
+            stop = partial(errors.append, _Stopped())
+            run_threads([worker] * max(1, min(threads, len(units))), "exl3hash", stop)
         if errors:
             raise errors[0]
         for f in files.values():  # the stability proof: nothing changed while it was hashed

@@ -15,6 +15,7 @@ already published is ever moved aside or removed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -24,7 +25,15 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from exl3tool.rules.errors import OutputError
+from exl3tool.io.outputs import check_apart, check_target
+from exl3tool.rules.errors import OutputError, interrupts_deferred
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a temporary tree (ignoring what is already gone); an interrupt that comes
+    meanwhile is raised once it is removed, never halfway (rules.errors.interrupts_deferred)."""
+    with interrupts_deferred():
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def fsync_path(path: Path) -> None:
@@ -43,18 +52,25 @@ def fsync_tree(root: Path) -> None:
         fsync_path(Path(dirpath))
 
 
-def _check_target(target: Path, force: bool) -> None:
-    if (target.exists() or target.is_symlink()) and not force:
-        raise OutputError(f"{target} exists; pass --force to replace it")
-    if not target.parent.is_dir():
-        raise OutputError(f"{target.parent} is not a directory")
+# errors only a write raises (a read never does): the output's fault, not the input's (exit 1)
+_WRITE_ERRNOS = frozenset(
+    getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG") if hasattr(errno, n)
+)
 
 
-def _lock_dir(path: Path, *, wait: bool = True) -> int | None:
-    """An fd of `path` holding an exclusive flock; None when `wait` is False and another open
-    file holds it (or the directory is gone). Where flock does not exist: an unlocked fd."""
+def _write_error(exc: BaseException, target: Path) -> BaseException:
+    """`exc` as an OutputError naming `target` when it is a write's failure, else itself."""
+    if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
+        return OutputError(f"{target}: cannot write: {exc.strerror or exc}")
+    return exc
+
+
+def _lock_dir(path: Path, *, wait: bool = True, directory: bool = True) -> int | None:
+    """An fd of `path` (a folder, or a file when not `directory`) holding an exclusive flock;
+    None when `wait` is False and another open file holds it (or `path` is gone). Where flock
+    does not exist: an unlocked fd."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
     except OSError:
         return None
     if sys.platform == "win32":  # no flock: nothing is ever removed as stale there
@@ -71,8 +87,24 @@ def _lock_dir(path: Path, *, wait: bool = True) -> int | None:
 
 def _temp_dir(target: Path, kind: str) -> tuple[Path, int | None]:
     """A new hidden sibling `.NAME.{kind}-*` of target, locked for as long as the fd is open."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{kind}-", dir=target.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{kind}-", dir=target.parent))
+    except OSError as exc:
+        raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from exc
     return tmp, _lock_dir(tmp)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it: other threads may be
+    creating files); 0o022 where /proc does not say."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _unlock(fd: int | None) -> None:
@@ -84,8 +116,9 @@ FRESH_S = 60.0  # a sibling younger than this may be a live run's, between mkdte
 
 
 def remove_stale_temps(target: Path) -> list[Path]:
-    """Remove the hidden siblings (`.NAME.tmp-*`, `.NAME.old-*`) of target that no running
-    process holds (a killed run's leftovers, at least FRESH_S old); returns what was removed."""
+    """Remove the hidden siblings (`.NAME.tmp-*` folders and files, `.NAME.old-*`) of target
+    that no running process holds (a killed run's leftovers, at least FRESH_S old); returns
+    what was removed."""
     target = Path(target).absolute()
     parent = target.parent
     if sys.platform == "win32" or not parent.is_dir():
@@ -98,13 +131,17 @@ def remove_stale_temps(target: Path) -> list[Path]:
             st = e.lstat()
         except OSError:
             continue
-        if not stat.S_ISDIR(st.st_mode) or time.time() - st.st_mtime < FRESH_S:
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if not (is_dir or stat.S_ISREG(st.st_mode)) or time.time() - st.st_mtime < FRESH_S:
             continue
-        fd = _lock_dir(e, wait=False)
-        if fd is None:  # in use by a live run
+        fd = _lock_dir(e, wait=False, directory=is_dir)  # a live run holds its temporary
+        if fd is None:
             continue
         try:
-            shutil.rmtree(e, ignore_errors=True)
+            if is_dir:
+                shutil.rmtree(e, ignore_errors=True)
+            else:
+                e.unlink(missing_ok=True)
             removed.append(e)
         finally:
             os.close(fd)
@@ -118,13 +155,31 @@ before_rename: Callable[[Path], None] | None = None
 
 def _lock_file(path: Path) -> int:
     """An fd holding the exclusive flock of the lock file `path` (created if absent). A lock
-    file unlinked by its last holder while we waited is not ours: open the new one again."""
+    file unlinked by its last holder while we waited is not ours: open the new one again. An
+    interrupt never leaves a lock file this run made: creating it and taking an uncontended
+    lock are one step (a contended one is waited for, interruptibly: its holder removes it)."""
     import fcntl
 
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd, held = -1, False
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            with interrupts_deferred():
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
+                except BlockingIOError:  # another run holds it: waited for below
+                    pass
+        except BaseException:
+            if held:  # an interrupt held back until now: leave as a holder would
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            if fd >= 0:
+                os.close(fd)
+            raise
+        try:
+            if not held:
+                fcntl.flock(fd, fcntl.LOCK_EX)
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
                 return fd
         except FileNotFoundError:
@@ -149,49 +204,82 @@ def output_lock(target: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)  # while still held: a waiter then re-opens (see _lock_file)
-        os.close(fd)
+        with interrupts_deferred():
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # while still held: a waiter then re-opens (see _lock_file)
+            os.close(fd)
 
 
 def _publish(tmp: Path, target: Path, force: bool) -> None:
     """Under the output lock: check that target may be written, then rename tmp onto it."""
     with output_lock(target):
-        _check_target(target, force)
+        check_target(target, force, directory=tmp.is_dir())
         if before_rename is not None:
             before_rename(target)
-        _replace(tmp, target)
+        with interrupts_deferred():  # the old output or the new one, and no temporary left
+            _replace(tmp, target, force)
+
+
+def _renameat2(a: Path, b: Path, flags: int) -> int | None:
+    """Linux renameat2(a, b, flags): 0, or the errno it failed with; None where it does not
+    exist (another OS, an old libc)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    at_fdcwd = -100
+    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), flags)
+    return 0 if rc == 0 else ctypes.get_errno()
+
+
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 
 
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
-    return rc == 0
+    return _renameat2(a, b, _RENAME_EXCHANGE) == 0
 
 
-def _replace(tmp: Path, target: Path) -> None:
-    """Move tmp onto target. An existing target (only with force) is replaced atomically: a
-    file by rename, a directory by an exchange (then the old tree, now at tmp, is removed), so
-    a kill at any moment leaves the old or the new output at target, never none."""
-    if not (target.exists() or target.is_symlink()):
+def _rename_new(tmp: Path, target: Path) -> None:
+    """Rename tmp to a target that must not exist: RENAME_NOREPLACE where the kernel and the
+    file system have it, so that a target made meanwhile by a writer outside our lock is never
+    replaced (a plain rename replaces a file, or an empty folder, without a word)."""
+    err = _renameat2(tmp, target, _RENAME_NOREPLACE)
+    if err in (None, errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # not here: a plain rename
         try:
             os.rename(tmp, target)
         except OSError as exc:  # ENOTEMPTY/EEXIST: published by a writer outside our lock
             raise OutputError(f"{target} exists; pass --force to replace it") from exc
-    elif not tmp.is_dir() and not target.is_dir():
+    elif err in (errno.EEXIST, errno.ENOTEMPTY):
+        raise OutputError(f"{target} exists; pass --force to replace it")
+    elif err:
+        raise OSError(err, os.strerror(err), str(target))
+
+
+def _discard(path: Path) -> None:
+    """Remove what is at `path`: a folder's tree, or the file or link itself."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _replace(tmp: Path, target: Path, force: bool) -> None:
+    """Move tmp onto target. An existing target (only with force: a link, or an output of the
+    same kind, `check_target`) is replaced atomically: a file by rename (a link is replaced
+    itself), a directory by an exchange (then the old one, now at tmp, is removed), so a kill
+    at any moment leaves the old or the new output at target, never none."""
+    if not force or not os.path.lexists(target):
+        _rename_new(tmp, target)  # never replaces: what is there now came after our checks
+    elif not tmp.is_dir():
         os.replace(tmp, target)
     elif _exchange(tmp, target):
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp)
     else:  # no exchange: move aside, then rename (a kill between leaves the old in `.old-*`)
         trash, lock = _temp_dir(target, "old")
         try:
@@ -208,41 +296,65 @@ def _replace(tmp: Path, target: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(target: Path, *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory that becomes `target` when the block succeeds."""
+def atomic_dir(
+    target: Path, *, force: bool = False, inputs: tuple[str | Path, ...] = ()
+) -> Iterator[Path]:
+    """Yield a temporary directory that becomes `target` when the block succeeds (mode 0777
+    less the umask, as a folder made by mkdir; never near `inputs`: io/outputs)."""
     target = Path(target).absolute()
-    _check_target(target, force)
+    check_apart(target, inputs, directory=True)
+    check_target(target, force, directory=True)
     remove_stale_temps(target)  # a killed run's leftovers (GBs, maybe); never a live run's
     tmp, lock = _temp_dir(target, "tmp")
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700
         yield tmp
         fsync_tree(tmp)
+        check_apart(target, inputs, directory=True)  # a link may have moved meanwhile
         _publish(tmp, target, force)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    except BaseException as exc:
+        remove_tree(tmp)
+        mapped = _write_error(exc, target)
+        if mapped is exc:
+            raise
+        raise mapped from exc
     finally:
         _unlock(lock)
 
 
 @contextlib.contextmanager
-def atomic_file(target: Path, *, force: bool = False, mode: str = "wb") -> Iterator:
-    """Yield a file object whose content becomes `target` when the block succeeds."""
+def atomic_file(
+    target: Path, *, force: bool = False, mode: str = "wb", inputs: tuple[str | Path, ...] = ()
+) -> Iterator:
+    """Yield a file object whose content becomes `target` when the block succeeds (never near
+    `inputs`: io/outputs)."""
     target = Path(target).absolute()
-    _check_target(target, force)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    check_apart(target, inputs, directory=False)
+    check_target(target, force, directory=False)
+    remove_stale_temps(target)  # a killed run's leftover files; never a live run's
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    except OSError as exc:
+        raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from exc
     tmp = Path(name)
     try:
+        if sys.platform != "win32":  # held while written: `remove_stale_temps` leaves it
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
         _publish(tmp, target, force)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+    except BaseException as exc:
+        with interrupts_deferred(), contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-        raise
+        mapped = _write_error(exc, target)
+        if mapped is exc:
+            raise
+        raise mapped from exc
 
 
 def write_bytes_atomic(target: Path, data: bytes, *, force: bool = False) -> None:

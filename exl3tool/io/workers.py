@@ -9,14 +9,56 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from functools import partial
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-def run_threads(targets: Sequence[Callable[[], object]], name: str = "exl3tool") -> None:
-    """Run each target in its own thread (inline when there is one) and wait for all."""
+class Worker(threading.Thread):
+    """A daemon thread that tells when its target has returned (`finished`). Waiting on that,
+    unlike `join`, survives an interrupt: CPython 3.11's `join`, interrupted, marks a thread
+    that still runs as stopped, and every later `join` of it returns at once."""
+
+    def __init__(self, target: Callable[[], object], name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._work = target
+        self.finished = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self._work()
+        finally:
+            self.finished.set()
+
+
+def join_all(threads: Iterable[Worker], stop: Callable[[], None] | None = None) -> None:
+    """Wait for every thread. An exception while waiting (an interrupt) calls `stop` once (which
+    asks the threads to end early) and is raised only when every thread has ended: the
+    caller's cleanup (removing a temporary output) never races a thread still writing."""
+    pending: BaseException | None = None
+    for t in threads:
+        while True:
+            try:
+                t.finished.wait()
+                break
+            except BaseException as exc:
+                if pending is None:
+                    pending = exc
+                    if stop is not None:
+                        stop()
+    if pending is not None:
+        raise pending
+
+
+def run_threads(
+    targets: Sequence[Callable[[], object]],
+    name: str = "exl3tool",
+    stop: Callable[[], None] | None = None,
+) -> None:
+    """Run each target in its own thread (inline when there is one) and wait for all (see
+    `join_all`: an interrupt calls `stop`, then waits all the same)."""
     if len(targets) == 1:
         targets[0]()
         return
@@ -28,22 +70,57 @@ def run_threads(targets: Sequence[Callable[[], object]], name: str = "exl3tool")
         except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
 
-    pool = [
-        threading.Thread(target=guarded, args=(t,), name=f"{name}-{i}", daemon=True)
-        for i, t in enumerate(targets)
-    ]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+    pool = [Worker(partial(guarded, t), f"{name}-{i}") for i, t in enumerate(targets)]
+    started: list[Worker] = []
+    try:
+        for t in pool:
+            t.start()
+            started.append(t)
+    except BaseException:  # an interrupt while starting them: the started ones end first
+        if stop is not None:
+            stop()
+        join_all(started)
+        raise
+    join_all(pool, stop)
     if errors:
         raise errors[0]
 
 
+class Background(Generic[T]):
+    """`fn()` computed in a daemon thread while the caller goes on; `result()` waits for it.
+    Only for work that writes nothing a caller cleans up: a caller that fails meanwhile (an
+    interrupt) leaves it, and the process's exit ends it."""
+
+    def __init__(self, fn: Callable[[], T], name: str = "exl3tool-bg") -> None:
+        self._value: T | None = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = fn()
+            except BaseException as exc:  # re-raised by `result`, in the caller's thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def result(self) -> T:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
 def map_threads(
-    fn: Callable[[T], R], items: Iterable[T], workers: int, name: str = "exl3tool"
+    fn: Callable[[T], R],
+    items: Iterable[T],
+    workers: int,
+    name: str = "exl3tool",
+    stop: Callable[[], None] | None = None,
 ) -> list[R]:
-    """[fn(x) for x in items], computed by up to `workers` threads; the first error is raised."""
+    """[fn(x) for x in items], computed by up to `workers` threads; the first error is raised.
+    An interrupt while waiting takes no new item, calls `stop` (to end the items under way
+    early) and is raised once every thread has ended (`join_all`)."""
     todo = list(items)
     results: list[R | None] = [None] * len(todo)
     lock = threading.Lock()
@@ -62,5 +139,10 @@ def map_threads(
                 failed.append(True)
                 raise
 
-    run_threads([worker] * max(1, min(workers, len(todo))), name)
+    def halt() -> None:
+        failed.append(True)
+        if stop is not None:
+            stop()
+
+    run_threads([worker] * max(1, min(workers, len(todo))), name, halt)
     return results  # type: ignore[return-value]

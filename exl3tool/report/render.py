@@ -31,12 +31,15 @@ def render_string(report: Report, fmt: str) -> str:
     raise UsageError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
-def check_output(output: Path | None, force: bool) -> None:
-    """Refuse an existing --output without --force before any work is done (exit 1)."""
-    from exl3tool.rules.errors import OutputError
+def check_output(output: Path | None, force: bool, inputs: Iterable[str | Path] = ()) -> None:
+    """Refuse before any work is done (exit 1) an --output file that exists without --force,
+    or that could destroy or change one of `inputs` (io/outputs)."""
+    if output is None:
+        return
+    from exl3tool.io.outputs import check_apart, check_target
 
-    if output is not None and not force and (Path(output).exists() or Path(output).is_symlink()):
-        raise OutputError(f"{output} exists; pass --force to replace it")
+    check_apart(Path(output), inputs, directory=False)
+    check_target(Path(output), force, directory=False)
 
 
 def write_output(output: Path | None, text: str | Iterable[str], *, force: bool = False) -> None:

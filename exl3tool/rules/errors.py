@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class Exl3ToolError(Exception):
     """Base of every error exl3tool reports to a user instead of a traceback."""
@@ -43,3 +46,34 @@ class Interrupted(BaseException):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+# Interrupts held back while a cleanup runs (`interrupts_deferred`): the CLI's handler asks
+# `defer_interrupt` first.
+_deferring = [0]
+_held: list[int] = []
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold interrupts back for the block (a cleanup one must not cut short: removing a
+    temporary tree, publishing an output): a SIGINT or SIGTERM that comes meanwhile is raised
+    as Interrupted when the outermost such block ends. A second signal still ends the process
+    at once (the CLI's rule)."""
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+        if not _deferring[0] and _held:
+            signum = _held[0]
+            _held.clear()
+            raise Interrupted(signum)
+
+
+def defer_interrupt(signum: int) -> bool:
+    """For a signal handler: True when `signum` is held for the end of a deferred block."""
+    if _deferring[0]:
+        _held.append(signum)
+        return True
+    return False

@@ -17,11 +17,11 @@ TP=1 within TP_MAX_ABS_REL / TP_REL_L2; 6 quality ladder; 7 exllamav3 agreement 
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from exl3tool.io.atomic import remove_tree
 from exl3tool.runtime.distributed import env_world, from_env, launch_local
 from exl3tool.runtime.verify_parts import Check, RankResult, VerifyOptions, VerifyReport
 from exl3tool.runtime.verify_rank import rank_checks
@@ -80,7 +80,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     try:
         report = _run(dataclasses.replace(opts, work_dir=root), found)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)  # whole, even when an interrupt comes meanwhile
     report.timings["total"] = time.perf_counter() - t0
     report.notes.append(f"memory estimate {est.text()}")
     return report

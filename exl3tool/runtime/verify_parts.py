@@ -244,10 +244,9 @@ def corrupt_layout(adapter: Path, out: Path) -> Callable[[], Path]:
         if rel.as_posix() == first:
             flipped.append((src, dst))
             continue
-        try:  # a cache snapshot's (relative) link: a hard link to its blob (link() keeps links)
-            os.link(src.resolve(), dst)
-        except OSError:
-            shutil.copyfile(src, dst)
+        # a link to the file itself (a cache snapshot's link: to its blob), not a hard link: that
+        # would change the input's link count and ctime (inputs are never modified)
+        os.symlink(src.resolve(), dst)
 
     def write_flipped() -> Path:
         for src, dst in flipped:

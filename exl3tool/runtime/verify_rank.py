@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from exl3tool.io.atomic import remove_tree
 from exl3tool.runtime import verify_steps as vs
 from exl3tool.runtime.base import base_geometry, load_base, open_base
 from exl3tool.runtime.cold import ColdIndex
@@ -105,7 +106,7 @@ def rank_checks(comm: Comm, opts: VerifyOptions) -> RankResult:
     try:
         return _rank_checks(comm, opts, work)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_tree(work)  # whole, even when an interrupt comes meanwhile
         torch.set_num_threads(prev_threads)
 
 

@@ -39,9 +39,10 @@ from exl3tool.formats.cartridge import Cartridge, ShardEntry, load_cartridge
 from exl3tool.formats.cartridge_tables import TablesError, materialize_tables, max_residual_bits
 from exl3tool.identity.engine import new_hasher
 from exl3tool.io.atomic import atomic_dir, remove_stale_temps
+from exl3tool.io.outputs import check_apart, check_target
 from exl3tool.io.paths import PathViolation, open_inside
 from exl3tool.io.safetensors import FileStamp
-from exl3tool.io.workers import map_threads, run_threads
+from exl3tool.io.workers import Background, map_threads
 from exl3tool.rules import cartridge as ca
 from exl3tool.rules import io as io_rules
 from exl3tool.rules.crash import CA_CRASH
@@ -370,8 +371,9 @@ def copy_verified(
     workers = max(1, min(threads or 4 * (os.cpu_count() or 1), len(entries) or 1))
     stop, pool = threading.Event(), _Buffers()
     results = map_threads(
-        lambda e: _copy_one(cart.root, e, dest, progress, stop, pool), entries, workers
-    )
+        lambda e: _copy_one(cart.root, e, dest, progress, stop, pool), entries, workers,
+        stop=stop.set,  # an interrupt: every copy stops writing, then it is raised
+    )  # fmt: skip
     copied = []
     for entry, (cf, problems) in zip(entries, results, strict=True):
         for r, msg in problems:
@@ -469,8 +471,8 @@ def stage_cartridge(
     out = Path(out).absolute()
     if tp is not None and tp < 1:
         raise UsageError("--tp must be >= 1")
-    if (out.exists() or out.is_symlink()) and not force:
-        raise OutputError(f"{out} exists; pass --force to replace it")
+    check_apart(out, (adapter, base), directory=True)
+    check_target(out, force, directory=True)
     remove_stale_temps(out)  # a killed run's leftovers; never a live run's
     findings = Findings()
     src = load_cartridge(Path(adapter), findings, links="any")
@@ -480,30 +482,22 @@ def stage_cartridge(
     assert src.manifest is not None
     world = tp if tp is not None else (src.world_size if src.layout == "rank-sharded" else 1)
     convert = src.layout == "full" and world > 1
-    with atomic_dir(out, force=force) as tmp:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a deployable directory is world-readable
+    with atomic_dir(out, force=force, inputs=(adapter, base)) as tmp:
         private = tmp / _COPY_DIR if convert else tmp
         # the base's identity (a hash of its bytes) is computed beside the copy, which does not
         # depend on it; its findings still come first, and a refused base publishes nothing
         base_findings, copy_findings = Findings(), Findings()
-        got: dict[str, Any] = {}
-        run_threads(
-            [
-                lambda: got.update(
-                    base=load_base_info(
-                        Path(base), base_findings, recompute=True, threads=threads,
-                        reuse=reuse_base_identity,
-                    )
-                ),
-                lambda: got.update(
-                    copied=copy_verified(
-                        src, private, copy_findings, threads=threads, progress=progress
-                    )
-                ),
-            ],
-            name="exl3tool-stage",
+        # the base is only read: an interrupt during the copy leaves its hashing to the exit,
+        # while the copy's writers are stopped and waited for before the temporary goes
+        base_info = Background(
+            lambda: load_base_info(
+                Path(base), base_findings, recompute=True, threads=threads,
+                reuse=reuse_base_identity,
+            ),
+            name="exl3tool-stage-base",
         )  # fmt: skip
-        binfo, copied = got["base"], got["copied"]
+        copied = copy_verified(src, private, copy_findings, threads=threads, progress=progress)
+        binfo = base_info.result()
         findings.extend(base_findings)
         _fail(findings, "the adapter or the base cannot be staged")
         assert binfo is not None

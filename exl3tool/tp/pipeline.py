@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Generic, TypeVar
 
 import numpy as np
+
+from exl3tool.io.workers import Worker, join_all
 
 B = TypeVar("B")
 Read = Callable[[B, np.ndarray], None]  # fill the buffer with the block's bytes
@@ -131,20 +134,18 @@ def run_pipeline(
             pool.fail()  # the others stop waiting
 
     targets = [reader, *(lambda c=c: consumer(c) for c in consumers)]
-    threads = [
-        threading.Thread(target=guarded, args=(t,), name=f"exl3slice-{i}", daemon=True)
-        for i, t in enumerate(targets)
-    ]
-    for t in threads:
-        t.start()
+    threads = [Worker(partial(guarded, t), f"exl3slice-{i}") for i, t in enumerate(targets)]
+    started: list[Worker] = []
     try:
+        for t in threads:
+            t.start()
+            started.append(t)
         if meanwhile is not None:
             meanwhile()
     except BaseException:
         pool.fail()
+        join_all(started, pool.fail)
         raise
-    finally:
-        for t in threads:
-            t.join()
+    join_all(threads, pool.fail)  # an interrupt stops them, and is raised once they are done
     if errors:
         raise errors[0]

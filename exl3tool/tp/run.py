@@ -58,7 +58,7 @@ def _cartridge(source: Path, out: Path | None, opts: SliceOptions, progress: Any
     if out is None:
         outcome.cartridge = cartridge_summary(root, opts.tp)
         return outcome
-    with atomic_dir(out, force=opts.force) as tmp:
+    with atomic_dir(out, force=opts.force, inputs=(source,)) as tmp:
         outcome.cartridge = shard_cartridge(root, opts.tp, tmp, progress=progress)
         if opts.verify:
             found = verify_sharded(root, tmp)

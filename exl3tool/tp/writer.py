@@ -275,7 +275,8 @@ def write_plan(
         raise ValueError("max shard size must be positive")
     algos = ("sha256", *FILE_ALGOS) if sha256 else FILE_ALGOS
     src_id = _SourceIdentity(ckpt) if identity else None
-    with atomic_dir(out, force=force) as tmp:
+    source = ckpt.root / ckpt.single_file if ckpt.single_file else ckpt.root
+    with atomic_dir(out, force=force, inputs=(source,)) as tmp:
         if plan.layout == "per-rank":
             streams = per_rank_streams(plan, max_shard_size)
         else:

@@ -58,7 +58,8 @@ def test_the_layout_opens_only_regular_files_inside_the_adapter(tmp_path) -> Non
 
 def test_cache_snapshot_links_are_linked_through_to_their_blobs(tmp_path) -> None:
     """In a Hugging Face snapshot every file is a relative link into ../../blobs: the drill's
-    copy must hold the files, not links that dangle from their new place."""
+    copy links to the blobs themselves (no link that dangles from its new place), and no
+    input is touched, not even its link count or ctime (no hard link)."""
     blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "abc"
     blobs.mkdir()
     snap.mkdir(parents=True)
@@ -69,9 +70,17 @@ def test_cache_snapshot_links_are_linked_through_to_their_blobs(tmp_path) -> Non
     (blobs / "cfg").write_text(json.dumps(manifest))
     os.symlink("../../blobs/cfg", snap / "adapter_config.json")
 
+    before = {p.name: os.stat(p) for p in blobs.iterdir()}
     out = corrupt_copy(snap, tmp_path / "bad")
 
     for name in ("big.safetensors", "adapter_config.json"):
-        assert not (out / name).is_symlink() and (out / name).is_file()
+        assert (out / name).resolve() == (snap / name).resolve()
         assert (out / name).read_bytes() == (snap / name).read_bytes()
+    for p in blobs.iterdir():
+        st, was = os.stat(p), before[p.name]
+        assert (st.st_nlink, st.st_ctime_ns, st.st_mtime_ns) == (
+            was.st_nlink,
+            was.st_ctime_ns,
+            was.st_mtime_ns,
+        )
     assert (out / "small.safetensors").read_bytes() != (snap / "small.safetensors").read_bytes()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exl3tool.rules.errors import interrupts_deferred
 from exl3tool.rules.registry import Findings
 
 
@@ -47,6 +48,15 @@ class Context:
     device: str = "cpu"
 
 
+class _Scratch(tempfile.TemporaryDirectory):  # type: ignore[type-arg]
+    """A TemporaryDirectory whose removal an interrupt does not cut short (it is raised once
+    the tree is gone)."""
+
+    def cleanup(self) -> None:
+        with interrupts_deferred():
+            super().cleanup()
+
+
 def temp_dir(ctx: Context, prefix: str) -> tempfile.TemporaryDirectory[str]:
     """A scratch directory for slices and staged copies, removed when the step ends."""
-    return tempfile.TemporaryDirectory(prefix=f"exl3tool-check-{prefix}-", dir=ctx.tmp_dir)
+    return _Scratch(prefix=f"exl3tool-check-{prefix}-", dir=ctx.tmp_dir)

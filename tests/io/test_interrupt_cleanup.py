@@ -1,0 +1,146 @@
+"""An interrupt never leaves a thread writing into a temporary that is being removed, a cleanup
+half done, or a killed run's temporary for good."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exl3tool.cli import signals
+from exl3tool.io import atomic
+from exl3tool.io.workers import Background, Worker, join_all, map_threads
+from exl3tool.rules.errors import Interrupted, interrupts_deferred
+from exl3tool.tp.pipeline import run_pipeline
+
+
+def _interrupt_soon(delay: float = 0.05) -> threading.Timer:
+    """SIGINT to this process in `delay` s: Python raises it in the main thread, wherever that
+    waits (a Timer's own thread only sends it)."""
+    timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    return timer
+
+
+def test_an_interrupt_while_joining_stops_and_waits_for_every_thread() -> None:
+    stop = threading.Event()
+    ended: list[str] = []
+
+    def work(name: str) -> None:
+        while not stop.is_set():
+            time.sleep(0.005)
+        time.sleep(0.05)  # what a writer does after it was asked to stop: finish its chunk
+        ended.append(name)
+
+    threads = [Worker(partial(work, n), f"test-{n}") for n in "ab"]
+    for t in threads:
+        t.start()
+    _interrupt_soon()
+    with pytest.raises(KeyboardInterrupt):
+        join_all(threads, stop.set)
+    assert sorted(ended) == ["a", "b"]  # every thread ended before the interrupt was raised
+
+
+def test_map_threads_stops_the_items_under_way_on_an_interrupt() -> None:
+    halted = threading.Event()
+    started: list[int] = []
+
+    def item(i: int) -> int:
+        started.append(i)
+        while not halted.is_set():
+            time.sleep(0.005)
+        return i
+
+    _interrupt_soon()
+    with pytest.raises(KeyboardInterrupt):
+        map_threads(item, range(100), 2, stop=halted.set)
+    assert len(started) == 2  # no new item after the interrupt
+
+
+def test_the_slicing_pipeline_raises_an_interrupt_only_once_its_threads_are_done() -> None:
+    """The slice's reader and consumers write into a temporary output: none may still run
+    when the interrupt reaches `atomic_dir`, which then removes the temporary."""
+    taken: list[int] = []
+
+    def read(b: int, buf: np.ndarray) -> None:
+        time.sleep(0.01)
+        buf[:] = b % 256
+
+    def take(b: int, buf: np.ndarray) -> None:
+        taken.append(b)
+
+    _interrupt_soon(0.05)
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(
+            range(10_000), read, [take, take], size=64, depth=2, threaded=True, done=lambda b: None
+        )
+    slicers = [t for t in threading.enumerate() if t.name.startswith("exl3slice")]
+    assert all(isinstance(t, Worker) and t.finished.is_set() for t in slicers)
+    assert 0 < len(taken) < 20_000
+
+
+def test_a_signal_during_a_deferred_cleanup_is_raised_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(signals, "_fired", False)
+    steps: list[str] = []
+    with pytest.raises(Interrupted) as got, interrupts_deferred():
+        signals._handler(signal.SIGTERM, None)  # as Python would call it, mid-cleanup
+        steps.append("cleanup finished")
+    assert steps == ["cleanup finished"] and got.value.exit_code == 143
+    monkeypatch.setattr(signals, "_fired", False)
+    with pytest.raises(Interrupted):  # outside a deferred block: raised at once
+        signals._handler(signal.SIGINT, None)
+
+
+def test_a_background_reader_is_left_by_an_interrupted_caller() -> None:
+    gate = threading.Event()
+    job = Background(lambda: gate.wait(5) and 42)
+    gate.set()
+    assert job.result() == 42
+    failing = Background(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        failing.result()
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_run(tmp_path: Path) -> None:
+    target = tmp_path / "report.json"
+    stale = tmp_path / ".report.json.tmp-killed"
+    stale.write_bytes(b"half")
+    os.utime(stale, (1e9, 1e9))
+    live = tmp_path / ".report.json.tmp-live"
+    live.write_bytes(b"writing")
+    os.utime(live, (1e9, 1e9))  # old, but held by a run that is still writing it
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        atomic.write_bytes_atomic(target, b"{}")
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".report.json.tmp-live", "report.json"]
+
+
+def test_an_interrupt_at_the_lock_leaves_no_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The signal arrives between creating `.NAME.lock` and holding it: held back, then
+    raised with the file removed."""
+    monkeypatch.setattr(signals, "_fired", False)
+    real_flock = fcntl.flock
+
+    def flock(fd: int, op: int) -> None:
+        real_flock(fd, op)
+        if op & fcntl.LOCK_NB:
+            signals._handler(signal.SIGINT, None)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with pytest.raises(Interrupted):
+        atomic.write_bytes_atomic(tmp_path / "out.json", b"{}")
+    assert list(tmp_path.iterdir()) == []
