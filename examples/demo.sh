@@ -41,12 +41,13 @@ x validate --hash --tp 2 --base examples/msrt-base-tiny examples/cartridge-k3k4
 
 echo
 echo "### exl3tool stage-cartridge --tp 2 (verified copy, full -> rank-sharded, runtime tables)"
-mkdir -p demo-out
-x stage-cartridge examples/cartridge-k3k4 --base examples/msrt-base-tiny --tp 2 -o demo-out/staged-tp2 --force
+OUT="${DEMO_OUT:-demo-out}"  # where the staged copy goes (the tests: a temporary folder)
+mkdir -p "$OUT"
+x stage-cartridge examples/cartridge-k3k4 --base examples/msrt-base-tiny --tp 2 -o "$OUT/staged-tp2" --force
 
 echo
 echo "### the staged output validates too"
-x validate --hash --tp 2 --base examples/msrt-base-tiny demo-out/staged-tp2
+x validate --hash --tp 2 --base examples/msrt-base-tiny "$OUT/staged-tp2"
 
 echo
 echo "### exl3tool verify-swap --tp 2: hot load == cold build, unload and rollback bit for bit (gloo, 2 ranks)"

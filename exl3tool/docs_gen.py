@@ -64,12 +64,19 @@ def command_names() -> list[str]:
 
 def render_help(args: list[str]) -> str:
     """`exl3tool ARGS --help` at HELP_WIDTH columns, without colour or trailing blanks."""
+    import typer.rich_utils
     from typer.testing import CliRunner
 
     from exl3tool.cli.main import app
 
     env = {"COLUMNS": str(HELP_WIDTH), "NO_COLOR": "1", "TERM": "dumb", "FORCE_COLOR": None}
-    result = CliRunner().invoke(app, [*args, "--help"], env=env, prog_name="exl3tool")
+    # typer decides at import whether to force a terminal (GITHUB_ACTIONS, FORCE_COLOR or
+    # PY_COLORS set: 80 columns and colour whatever `env` says): the pages are the same anywhere
+    forced, typer.rich_utils.FORCE_TERMINAL = typer.rich_utils.FORCE_TERMINAL, None
+    try:
+        result = CliRunner().invoke(app, [*args, "--help"], env=env, prog_name="exl3tool")
+    finally:
+        typer.rich_utils.FORCE_TERMINAL = forced
     if result.exit_code != 0:
         raise RuntimeError(f"exl3tool {' '.join(args)} --help failed: {result.output}")
     lines = [line.rstrip() for line in result.stdout.splitlines()]

@@ -10,8 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_demo_script_runs_every_step() -> None:
-    env = {**os.environ, "PYTHON": sys.executable, "NO_COLOR": "1"}
+def test_demo_script_runs_every_step(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHON": sys.executable, "NO_COLOR": "1", "DEMO_OUT": str(tmp_path)}
     r = subprocess.run(
         ["bash", str(ROOT / "examples" / "demo.sh")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,

@@ -45,14 +45,16 @@ def annotation(report: Report, f: Finding) -> str:
     return f"::{_COMMAND[f.level]} {','.join(props)}::{_escape_data(msg)}"
 
 
-def annotations(report: Report) -> list[str]:
-    return [annotation(report, f) for f in report.findings]
+def annotations(report: Report, *, errors_only: bool = False) -> list[str]:
+    """The annotation of each finding (`errors_only`: of each error, as --quiet shows)."""
+    shown = (f for f in report.findings if not errors_only or f.level is Severity.ERROR)
+    return [annotation(report, f) for f in shown]
 
 
 def in_github_actions() -> bool:
     return os.environ.get("GITHUB_ACTIONS") == "true"
 
 
-def print_annotations(report: Report, stream: TextIO) -> None:
-    for line in annotations(report):
+def print_annotations(report: Report, stream: TextIO, *, errors_only: bool = False) -> None:
+    for line in annotations(report, errors_only=errors_only):
         stream.write(line + "\n")

@@ -69,7 +69,7 @@ def emit(
     from exl3tool.report import github
 
     if github.in_github_actions():  # annotations on stderr never mix with stdout formats
-        github.print_annotations(report, sys.stderr)
+        github.print_annotations(report, sys.stderr, errors_only=quiet)
     if output is not None:
         write_output(output, render_string(report, fmt), force=force)
         return

@@ -33,14 +33,23 @@ entry()
 """
 
 
+def _env() -> dict[str, str]:
+    """A bare environment (no locale: the child writes UTF-8), with what a Python that is not
+    the system's needs to start (its libpython's folder)."""
+    env = {"PYTHONPATH": str(ROOT), "EXL3TOOL_NO_PROGRESS": "1", "PATH": "/usr/bin:/bin"}
+    if "LD_LIBRARY_PATH" in os.environ:
+        env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
+    return env
+
+
 def _run(mode: str, args: list[str], cwd: Path) -> tuple[int, str, str, str, dict[str, bytes]]:
     """(exit code, stdout, stderr, parser used, files in cwd afterwards)."""
-    env = {"PYTHONPATH": str(ROOT), "EXL3TOOL_NO_PROGRESS": "1", "PATH": "/usr/bin:/bin"}
     out = subprocess.run(
         [sys.executable, "-c", PROBE, mode, *args],
         capture_output=True,
-        text=True,
-        env=env,
+        encoding="utf-8",  # what the child writes, whatever this process's locale
+        errors="surrogateescape",
+        env=_env(),
         cwd=cwd,
         timeout=120,
     )
@@ -69,7 +78,7 @@ def record(base: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         [sys.executable, "-m", "exl3tool", "identity", str(base), "-o", str(rec)],
         check=True,
         cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "EXL3TOOL_NO_PROGRESS": "1", "PATH": "/usr/bin:/bin"},
+        env=_env(),
     )
     doc = json.loads(rec.read_text())
     bad = rec.with_name("bad.json")

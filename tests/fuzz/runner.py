@@ -3,9 +3,9 @@
 Each case is classified as `ok` (findings or a clean exl3tool error: exit 1/2/3), `uncaught`
 (an exception other than exl3tool's own, or a `check-crashed` finding of a family boundary),
 `timeout` (over `timeout` seconds: a per-case SIGALRM in the worker, and a parent watchdog for
-code that never returns to Python), `memory` (MemoryError under RLIMIT_AS, or a peak RSS over
-`memory` bytes) or `signal` (the worker died: SIGBUS, SIGSEGV, ...). A worker that dies or is
-killed is replaced; its batch goes on after the culprit case.
+code that never returns to Python), `memory` (MemoryError under RLIMIT_AS, or a peak RSS that
+grew by over `memory` bytes from the fork) or `signal` (the worker died: SIGBUS, SIGSEGV, ...).
+A worker that dies or is killed is replaced; its batch goes on after the culprit case.
 """
 
 from __future__ import annotations
@@ -141,13 +141,16 @@ def _child(world: World, seed: int, cases: list[int], work: Path, wfd: int, limi
     with open("/proc/self/statm") as fh:
         vm = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     resource.setrlimit(resource.RLIMIT_AS, (vm + limits.memory, vm + limits.memory))
+    # a fork starts with its parent's resident pages (a large pytest process: 1 GiB and more)
+    # and reports them as its own: a case's memory is its growth beyond them
+    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     for i in cases:
         t0 = time.perf_counter()
         cls, detail = _one(world, seed, i, work, limits)
         dt = time.perf_counter() - t0
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        if rss > limits.memory and cls == "ok":
-            cls, detail = "memory", f"peak RSS {rss >> 20} MiB"
+        if rss - start_rss > limits.memory and cls == "ok":
+            cls, detail = "memory", f"peak RSS {rss >> 20} MiB (from {start_rss >> 20} MiB)"
         detail = detail.replace("\t", " ").replace("\n", " ").encode("ascii", "backslashreplace")
         os.write(wfd, f"{i}\t{cls}\t{dt:.4f}\t{rss}\t".encode() + detail + b"\n")
         if cls in ("memory", "timeout"):

@@ -181,9 +181,12 @@ def test_a_rewrite_that_keeps_size_and_mtime_is_hashed_again(
         os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
         now = os.stat(shard)
         assert (now.st_size, now.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
-        if now.st_ctime_ns == before.st_ctime_ns:  # a coarse clock: one tick later, again
-            time.sleep(0.02)
+        deadline = time.monotonic() + 3  # a coarse clock (1 s on some file systems): a tick later
+        while now.st_ctime_ns == before.st_ctime_ns and time.monotonic() < deadline:
+            time.sleep(0.05)
             os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+            now = os.stat(shard)
+        assert now.st_ctime_ns != before.st_ctime_ns
         return got
 
     monkeypatch.setattr(early, "start", then_rewrite)

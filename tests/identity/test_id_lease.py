@@ -340,5 +340,6 @@ def test_a_mapped_batch_drops_its_pages_as_it_goes(
     }
     assert len(resident) == 64 and max(resident) >= 512  # the batch was hashed mapped
     assert max(resident) < 4 << 10, resident  # 1 MB between drops, plus a tensor and a window
-    # nothing left behind: a drop covers the pages a fault mapped around its range's edges
-    assert at_close == [0]
+    # nothing left behind but a residue at the edges (a drop covers the pages a fault mapped
+    # around its range's edges; on tmpfs a large folio can keep up to a few hundred kB mapped)
+    assert len(at_close) == 1 and at_close[0] < 1 << 10, at_close

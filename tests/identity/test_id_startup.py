@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,8 @@ def test_identity_command_imports_neither_numpy_nor_torch(tmp_path: Path) -> Non
     with open(shard, "wb") as fh:
         SafetensorsStreamWriter(fh, [TensorSpec("t", "U8", (8,))]).write(bytes(8))
     env = {"PYTHONPATH": str(REPO), "EXL3TOOL_NO_PROGRESS": "1", "PATH": "/usr/bin:/bin"}
+    if "LD_LIBRARY_PATH" in os.environ:  # a Python that is not the system's finds libpython
+        env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
     out = subprocess.run(
         [sys.executable, "-c", PROBE, str(shard)], capture_output=True, text=True, env=env
     )

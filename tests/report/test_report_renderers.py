@@ -190,3 +190,13 @@ def test_print_annotations_stream() -> None:
     buf = io.StringIO()
     github.print_annotations(_report(), buf)
     assert buf.getvalue().count("\n") == 6
+
+
+def test_quiet_annotates_errors_only(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--quiet shows only errors and the verdict: in GitHub Actions, its annotations too."""
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    render.emit(_report(), "json", quiet=True)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4 and all(line.startswith("::error ") for line in err)

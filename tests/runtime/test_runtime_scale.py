@@ -55,13 +55,14 @@ def _peak_rss(base: Path, cart: Path, tmp: Path) -> int:
 
 def test_peak_rss_does_not_grow_with_the_layer_count(tmp_path) -> None:
     peaks = {}
-    for n in (2, 4):
+    for n in (2, 8):
         root = tmp_path / f"l{n}"
         base, cart = _artifacts(root, n)
         peaks[n] = _peak_rss(base, cart, root)
-    # holding every layer would add 2 layers x (hot + cold + stages) >= 4 x LAYER_FP16
-    growth = peaks[4] - peaks[2]
-    assert growth < LAYER_FP16 // 2, (peaks, LAYER_FP16)
+    # holding every layer would add 6 layers x (hot + cold + stages) >= 24 x LAYER_FP16
+    # (288 MiB); a process's peak RSS varies by 20-50 MiB from run to run (allocator, imports)
+    growth = peaks[8] - peaks[2]
+    assert growth < 8 * LAYER_FP16, (peaks, LAYER_FP16)
 
 
 def _rank_pids(parent: int) -> list[int]:

@@ -5,6 +5,7 @@ the core commands is .ci/run's (it needs an index for the core dependencies)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -105,6 +106,8 @@ def test_the_import_detector_sees_a_caught_torch_import(tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text(wheel_check._HOOK.format(heavy=wheel_check.HEAVY))
     log = tmp_path / "log"
     env = {"PYTHONPATH": str(tmp_path), "EXL3TOOL_CI_IMPORT_LOG": str(log), "PATH": "/usr/bin"}
+    if "LD_LIBRARY_PATH" in os.environ:  # a Python that is not the system's finds libpython
+        env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
     code = "try:\n    import torch.nn\nexcept ImportError:\n    pass\nimport json"
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
     assert log.read_text().split()[0] == "torch"
