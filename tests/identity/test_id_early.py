@@ -31,6 +31,7 @@ def ahead(monkeypatch: pytest.MonkeyPatch) -> list[early.EarlyDigests]:
     monkeypatch.setattr(early, "CHUNK", 4096)
     monkeypatch.setattr(early, "TRIAL_BYTES", 1)  # each worker reads both ways, then either
     monkeypatch.setattr(views, "RACY_NS", 0)  # the shards are written just before
+    monkeypatch.setattr(early, "AHEAD_ALGOS", ("blake3", "sha256"))  # both work; policy aside
     monkeypatch.setattr(engine, "fork_unsafe", lambda: False)  # pytest may hold torch
     for var in ("EXL3TOOL_NO_EARLY", "EXL3TOOL_NO_FORK"):
         monkeypatch.delenv(var, raising=False)
@@ -331,6 +332,8 @@ def test_nothing_is_started_where_it_cannot_pay(
 ) -> None:
     ck = write_checkpoint(tmp_path / "ck", expert_tensors([0], 1), shards=1)
     assert early.start(ck, "blake3", 1) is None  # one thread
+    monkeypatch.setattr(early, "AHEAD_ALGOS", ("blake3",))  # the default
+    assert early.start(ck, "sha256", 2) is None  # sha256: the headers are too small a share
     monkeypatch.setenv("EXL3TOOL_NO_EARLY", "1")
     assert early.start(ck, "blake3", 2) is None
     monkeypatch.delenv("EXL3TOOL_NO_EARLY")
