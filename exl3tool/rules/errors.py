@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 
@@ -59,7 +60,12 @@ def interrupts_deferred() -> Iterator[None]:
     """Hold interrupts back for the block (a cleanup one must not cut short: removing a
     temporary tree, publishing an output): a SIGINT or SIGTERM that comes meanwhile is raised
     as Interrupted when the outermost such block ends. A second signal still ends the process
-    at once (the CLI's rule)."""
+    at once (the CLI's rule). Only the main thread, where Python runs signal handlers, holds
+    them back: elsewhere the block is plain."""
+    threading = sys.modules.get("threading")  # no thread without it: this is the main one
+    if threading is not None and threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _deferring[0] += 1
     try:
         yield

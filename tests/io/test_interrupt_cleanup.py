@@ -144,3 +144,23 @@ def test_an_interrupt_at_the_lock_leaves_no_lock_file(
     with pytest.raises(Interrupted):
         atomic.write_bytes_atomic(tmp_path / "out.json", b"{}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_only_the_main_thread_holds_interrupts_back() -> None:
+    """Python runs signal handlers in the main thread: a cleanup in another thread must not
+    make the main thread's interrupt wait for it (nor be raised in that thread)."""
+    from exl3tool.rules.errors import defer_interrupt
+
+    inside, seen = threading.Event(), []
+
+    def cleanup() -> None:
+        with interrupts_deferred():
+            inside.set()
+            time.sleep(0.2)
+
+    t = threading.Thread(target=cleanup)
+    t.start()
+    inside.wait(5)
+    seen.append(defer_interrupt(signal.SIGINT))
+    t.join()
+    assert seen == [False]
