@@ -1,8 +1,9 @@
 """The one worker pool: threads for I/O and hashing (hashlib, blake3 and pread release the GIL).
 
-`run_threads` runs callables in named daemon threads and joins them; the first exception any
-of them raised is re-raised in the caller's thread. `map_threads` is `map` over a pool of
-`workers` threads, results in input order.
+`run_threads` runs callables in named daemon threads (`Worker`) and waits for them all
+(`join_all`: an interrupt asks them to stop and is raised once they have); the first exception
+any of them raised is re-raised in the caller's thread. `map_threads` is `map` over a pool of
+`workers` threads, results in input order. `Background` computes one value beside the caller.
 """
 
 from __future__ import annotations
