@@ -487,4 +487,4 @@ def plot(plan: BootPlan, out: Path, *, force: bool = False) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    write_bytes_atomic(out, buf.getvalue(), force=force)
+    write_bytes_atomic(out, buf.getvalue(), force=force, inputs=(plan.path,))

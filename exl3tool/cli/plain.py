@@ -180,7 +180,7 @@ def validate_body(
     from exl3tool.actions import validate as action
     from exl3tool.report.render import check_output, emit
 
-    check_output(output, force, paths)
+    check_output(output, force, (*paths, *((base,) if base else ())))
     opts = action.Options(
         paths=tuple(paths),
         tp=tp,

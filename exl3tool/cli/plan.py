@@ -84,9 +84,12 @@ def plan(
     2: usage error; 3: PATH cannot be read."""
     from exl3tool.actions import plan as action
     from exl3tool.actions.inputs import resolve_input
+    from exl3tool.report.render import check_output
 
     memory = action.parse_memory(gpu_memory) if gpu_memory is not None else None
-    opts = action.PlanOptions(str(resolve_input(path)), tp, memory, quantization)
+    source = resolve_input(path)
+    check_output(plot, force, (source,))  # before any work: never an input's file
+    opts = action.PlanOptions(str(source), tp, memory, quantization)
     result = action.run(opts)
     if plot is not None:
         action.plot(result, plot, force=force)

@@ -86,25 +86,21 @@ def _lock_dir(path: Path, *, wait: bool = True, directory: bool = True) -> int |
 
 
 def _temp_dir(target: Path, kind: str) -> tuple[Path, int | None]:
-    """A new hidden sibling `.NAME.{kind}-*` of target, locked for as long as the fd is open."""
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{kind}-", dir=target.parent))
-    except OSError as exc:
-        raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from exc
-    return tmp, _lock_dir(tmp)
+    """A new hidden sibling `.NAME.{kind}-*` of target, made as mkdir makes a folder (mode 0777
+    less the umask, which the kernel applies; mkdtemp's 0700 would make slices private), locked
+    for as long as the fd is open."""
+    import secrets
 
-
-def _umask() -> int:
-    """This process's umask, read without changing it (os.umask sets it: other threads may be
-    creating files); 0o022 where /proc does not say."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
+    for _ in range(100):
+        tmp = target.parent / f".{target.name}.{kind}-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(tmp, 0o777)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from exc
+        return tmp, _lock_dir(tmp)
+    raise OutputError(f"{target}: no free name for a temporary folder beside it")
 
 
 def _unlock(fd: int | None) -> None:
@@ -300,14 +296,13 @@ def atomic_dir(
     target: Path, *, force: bool = False, inputs: tuple[str | Path, ...] = ()
 ) -> Iterator[Path]:
     """Yield a temporary directory that becomes `target` when the block succeeds (mode 0777
-    less the umask, as a folder made by mkdir; never near `inputs`: io/outputs)."""
+    less the umask, as mkdir makes it; never near `inputs`: io/outputs)."""
     target = Path(target).absolute()
     check_apart(target, inputs, directory=True)
     check_target(target, force, directory=True)
     remove_stale_temps(target)  # a killed run's leftovers (GBs, maybe); never a live run's
     tmp, lock = _temp_dir(target, "tmp")
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700
         yield tmp
         fsync_tree(tmp)
         check_apart(target, inputs, directory=True)  # a link may have moved meanwhile
@@ -337,11 +332,13 @@ def atomic_file(
     except OSError as exc:
         raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from exc
     tmp = Path(name)
+    held = -1  # a second descriptor whose flock `remove_stale_temps` sees until it is published
     try:
-        if sys.platform != "win32":  # held while written: `remove_stale_temps` leaves it
+        if sys.platform != "win32":
             import fcntl
 
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.dup(fd)
+            fcntl.flock(held, fcntl.LOCK_EX)
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
@@ -355,8 +352,13 @@ def atomic_file(
         if mapped is exc:
             raise
         raise mapped from exc
+    finally:
+        if held >= 0:
+            os.close(held)
 
 
-def write_bytes_atomic(target: Path, data: bytes, *, force: bool = False) -> None:
-    with atomic_file(target, force=force) as fh:
+def write_bytes_atomic(
+    target: Path, data: bytes, *, force: bool = False, inputs: tuple[str | Path, ...] = ()
+) -> None:
+    with atomic_file(target, force=force, inputs=inputs) as fh:
         fh.write(data)

@@ -29,9 +29,13 @@ ARTIFACT_SUFFIXES = (".safetensors", ".json")
 
 def real_location(path: Path) -> Path:
     """`path` with every link resolved but its last component (an output link is replaced,
-    not followed); `.` and `..` as the folders they name."""
-    path = Path(os.path.abspath(path))
-    return Path(os.path.realpath(path.parent)) / path.name if path.name else path
+    not followed). `..` is resolved by the file system, after the link before it, as `open`
+    would (never as text: `L/..` is the parent of where L points); `.` and `..` at the end
+    name the folders they resolve to."""
+    path = Path(path).absolute()  # absolute() keeps `..` as written
+    if path.name in ("", ".", ".."):
+        return Path(os.path.realpath(path))
+    return Path(os.path.realpath(path.parent)) / path.name
 
 
 def check_target(target: Path, force: bool, *, directory: bool) -> None:
@@ -57,23 +61,64 @@ def check_target(target: Path, force: bool, *, directory: bool) -> None:
         raise OutputError(f"{target.parent} is not a directory")
 
 
+def _identity(path: Path, follow: bool = True) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _folders_of(path: Path) -> set[tuple[int, int]]:
+    """The identity (device, inode) of every existing folder that holds `path`: links,
+    `..`, bind mounts and case-insensitive names all end at the same inodes."""
+    out = set()
+    for folder in Path(path).absolute().parents:
+        got = _identity(folder)
+        if got is not None:
+            out.add(got)
+    return out
+
+
+def _local(item: str | Path) -> list[Path]:
+    """The local paths an input argument names: itself, or a Hub id's cached snapshot (none
+    when it is neither: the command reports that)."""
+    if os.path.lexists(item):
+        return [Path(item)]
+    from exl3tool.io.hf_cache import NotCached, resolve_artifact
+
+    try:
+        got = resolve_artifact(str(item))
+    except (NotCached, Exception):  # not cached, no huggingface_hub: nothing to protect here
+        return []
+    return [got] if os.path.lexists(got) else []
+
+
 def check_apart(target: Path, inputs: Iterable[str | Path], *, directory: bool) -> None:
     """OutputError when writing `target` could destroy or change one of `inputs` (see the
-    module docstring). An input that is not a local path (a Hub id) is skipped."""
+    module docstring). Places are compared by device and inode, so no link, `..` or letter
+    case makes an input look like another place. An input that is a file (a shard, or the
+    config.json naming its folder) protects the files beside it too."""
     out = real_location(target)
+    out_id = _identity(out, follow=False)  # the output's own entry (a link is not followed)
+    out_in = _folders_of(out)  # the folders the output would be written in
     for item in inputs:
-        src = Path(os.path.realpath(item))
-        if not os.path.lexists(src):
-            continue
-        if out == src or src.is_relative_to(out):
-            raise OutputError(f"{target} is or holds the input {item}; write the output elsewhere")
-        if not src.is_dir() or not out.is_relative_to(src):
-            continue
-        if directory:
-            raise OutputError(
-                f"{target} is inside the input {item}; its files would become part of it"
-            )
-        if out.suffix in ARTIFACT_SUFFIXES and os.path.lexists(out):
-            raise OutputError(
-                f"{target} would replace a file of the input {item}; write the output elsewhere"
-            )
+        for src in _local(item):
+            src_id = _identity(src)
+            if src_id is None:
+                continue
+            if out_id is not None and (out_id == src_id or out_id in _folders_of(src)):
+                raise OutputError(
+                    f"{target} is or holds the input {item}; write the output elsewhere"
+                )
+            folder = src if src.is_dir() else src.parent
+            if _identity(folder) not in out_in:
+                continue
+            if directory and src.is_dir():
+                raise OutputError(
+                    f"{target} is inside the input {item}; its files would become part of it"
+                )
+            if not directory and out.suffix.lower() in ARTIFACT_SUFFIXES and os.path.lexists(out):
+                raise OutputError(
+                    f"{target} would replace a file of the input {item}; write the output elsewhere"
+                )

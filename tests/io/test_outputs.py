@@ -205,3 +205,88 @@ def test_a_target_made_by_a_writer_outside_the_lock_is_never_replaced(
         fh.write(b"ours")
     assert target.read_text() == "theirs"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+
+
+def _examples(tmp: Path) -> Path:
+    for name in ("r7-tiny", "msrt-base-tiny", "cartridge-k3k4"):
+        shutil.copytree(EXAMPLE.parent / name, tmp / name)
+    return tmp
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # `L/..` is the parent of where L points (inside the checkpoint), not `.`
+        ("validate", "r7-tiny", "-o", "L/../config.json", "--force"),
+        ("stage-cartridge", "cartridge-k3k4", "--base", "msrt-base-tiny", "-o", "B/../staged"),
+        # a file naming its folder: the files beside it are the input's too
+        ("validate", "msrt-base-tiny/config.json", "-o", "msrt-base-tiny/tier_bitmap.json", "-F"),
+        # --base is an input as well
+        ("validate", "cartridge-k3k4", "--base", "msrt-base-tiny", "-o", "msrt-base-tiny/t.json"),
+        ("plan", "r7-tiny", "--tp", "1", "--plot", "r7-tiny/config.json", "-F"),
+    ],
+)
+def test_no_path_spelling_reaches_an_input(tmp_path: Path, args: tuple[str, ...]) -> None:
+    work = _examples(tmp_path)
+    (work / "r7-tiny" / "inner").mkdir()
+    (work / "L").symlink_to(work / "r7-tiny" / "inner")
+    (work / "msrt-base-tiny" / "inner").mkdir()
+    (work / "B").symlink_to(work / "msrt-base-tiny" / "inner")
+    (work / "msrt-base-tiny" / "t.json").write_text("{}")
+    args = tuple("--force" if a == "-F" else a for a in args)
+    if "t.json" in args[-1]:
+        args = (*args, "--force")
+    before = _tree(work)
+    got = _cli(*args, cwd=work)
+    assert got.returncode == 1 and "input" in got.stderr, got.stderr
+    assert _tree(work) == before
+
+
+def test_a_link_to_an_input_is_replaced_not_followed(tmp_path: Path) -> None:
+    work = _examples(tmp_path)
+    (work / "out").symlink_to("r7-tiny")
+    before = _tree(work / "r7-tiny")
+    got = _cli("validate", "r7-tiny", "-f", "json", "-o", "out", "--force", cwd=work)
+    assert got.returncode == 0, got.stderr
+    assert not (work / "out").is_symlink() and json.loads((work / "out").read_text())
+    assert _tree(work / "r7-tiny") == before
+
+
+def test_a_hub_id_input_is_protected_in_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("huggingface_hub")
+    from tests.hf.conftest import cache_layout
+
+    hub = tmp_path / "hub"
+    snap = cache_layout(EXAMPLE, hub, "org/tiny")
+    env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    before = (snap / "config.json").read_bytes()
+    got = subprocess.run(
+        [sys.executable, "-m", "exl3tool", "validate", "org/tiny", "-o", str(snap / "config.json"),
+         "--force"],
+        env={**env, "EXL3TOOL_NO_PROGRESS": "1"}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert got.returncode == 1 and "input" in got.stderr, got.stderr
+    assert (snap / "config.json").is_symlink() and (snap / "config.json").read_bytes() == before
+
+
+def test_a_temporary_file_stays_held_until_it_is_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another run's stale-temporary sweep, while this one publishes an old-looking temporary
+    (a long fsync), leaves it alone: the output is published."""
+    from exl3tool.io import atomic
+
+    target = tmp_path / "report.json"
+
+    def sweep(t: Path) -> None:
+        for p in tmp_path.iterdir():
+            if p.name.startswith(".report.json.tmp-"):
+                os.utime(p, (1e9, 1e9))
+        code = "import sys; from exl3tool.io.atomic import remove_stale_temps as r; r(sys.argv[1])"
+        subprocess.run([sys.executable, "-c", code, str(t)], check=True, timeout=60)
+
+    monkeypatch.setattr(atomic, "before_rename", sweep)
+    atomic.write_bytes_atomic(target, b"{}")
+    assert target.read_bytes() == b"{}"
