@@ -195,6 +195,7 @@ def _artifact_files(path: Path, exclude: Path | None) -> tuple[Path, list[str]]:
 
     if path.is_file():
         return path.parent, [path.name]
+    manifest = real_location(exclude) if exclude is not None else None
     files = []
     for dirpath, dirs, names in os.walk(path):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -203,7 +204,7 @@ def _artifact_files(path: Path, exclude: Path | None) -> tuple[Path, list[str]]:
             # a link to a file is that file (HF cache snapshots link every file into blobs/)
             if n.startswith(".") or not p.is_file():
                 continue
-            if exclude is not None and real_location(p) == real_location(exclude):
+            if manifest is not None and real_location(p) == manifest:
                 continue  # the manifest itself (named through a link or `..` too)
             files.append(p.relative_to(path).as_posix())
     return path, sorted(files)

@@ -58,10 +58,14 @@ _WRITE_ERRNOS = frozenset(
 )
 
 
+def _cannot_write(target: Path, exc: OSError) -> OutputError:
+    return OutputError(f"{target}: cannot write: {exc.strerror or exc}")
+
+
 def _write_error(exc: BaseException, target: Path) -> BaseException:
     """`exc` as an OutputError naming `target` when it is a write's failure, else itself."""
     if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
-        return OutputError(f"{target}: cannot write: {exc.strerror or exc}")
+        return _cannot_write(target, exc)
     return exc
 
 
@@ -98,7 +102,7 @@ def _temp_dir(target: Path, kind: str) -> tuple[Path, int | None]:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from exc
+            raise _cannot_write(target, exc) from exc
         return tmp, _lock_dir(tmp)
     raise OutputError(f"{target}: no free name for a temporary folder beside it")
 
@@ -330,7 +334,7 @@ def atomic_file(
     try:
         fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
     except OSError as exc:
-        raise OutputError(f"{target}: cannot write: {exc.strerror or exc}") from exc
+        raise _cannot_write(target, exc) from exc
     tmp = Path(name)
     held = -1  # a second descriptor whose flock `remove_stale_temps` sees until it is published
     try:

@@ -80,18 +80,18 @@ def _folders_of(path: Path) -> set[tuple[int, int]]:
     return out
 
 
-def _local(item: str | Path) -> list[Path]:
-    """The local paths an input argument names: itself, or a Hub id's cached snapshot (none
+def _local(item: str | Path) -> Path | None:
+    """The local path an input argument names: itself, or a Hub id's cached snapshot (None
     when it is neither: the command reports that)."""
     if os.path.lexists(item):
-        return [Path(item)]
-    from exl3tool.io.hf_cache import NotCached, resolve_artifact
+        return Path(item)
+    from exl3tool.io.hf_cache import resolve_artifact
 
     try:
         got = resolve_artifact(str(item))
-    except (NotCached, Exception):  # not cached, no huggingface_hub: nothing to protect here
-        return []
-    return [got] if os.path.lexists(got) else []
+    except Exception:  # not cached, no huggingface_hub: nothing to protect here
+        return None
+    return got if os.path.lexists(got) else None
 
 
 def check_apart(target: Path, inputs: Iterable[str | Path], *, directory: bool) -> None:
@@ -103,22 +103,20 @@ def check_apart(target: Path, inputs: Iterable[str | Path], *, directory: bool) 
     out_id = _identity(out, follow=False)  # the output's own entry (a link is not followed)
     out_in = _folders_of(out)  # the folders the output would be written in
     for item in inputs:
-        for src in _local(item):
-            src_id = _identity(src)
-            if src_id is None:
-                continue
-            if out_id is not None and (out_id == src_id or out_id in _folders_of(src)):
-                raise OutputError(
-                    f"{target} is or holds the input {item}; write the output elsewhere"
-                )
-            folder = src if src.is_dir() else src.parent
-            if _identity(folder) not in out_in:
-                continue
-            if directory and src.is_dir():
-                raise OutputError(
-                    f"{target} is inside the input {item}; its files would become part of it"
-                )
-            if not directory and out.suffix.lower() in ARTIFACT_SUFFIXES and os.path.lexists(out):
-                raise OutputError(
-                    f"{target} would replace a file of the input {item}; write the output elsewhere"
-                )
+        src = _local(item)
+        src_id = _identity(src) if src is not None else None
+        if src is None or src_id is None:
+            continue
+        if out_id is not None and (out_id == src_id or out_id in _folders_of(real_location(src))):
+            raise OutputError(f"{target} is or holds the input {item}; write the output elsewhere")
+        folder = src if src.is_dir() else src.parent
+        if _identity(folder) not in out_in:
+            continue
+        if directory and src.is_dir():
+            raise OutputError(
+                f"{target} is inside the input {item}; its files would become part of it"
+            )
+        if not directory and out.suffix.lower() in ARTIFACT_SUFFIXES and os.path.lexists(out):
+            raise OutputError(
+                f"{target} would replace a file of the input {item}; write the output elsewhere"
+            )

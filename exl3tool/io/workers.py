@@ -53,6 +53,21 @@ def join_all(threads: Iterable[Worker], stop: Callable[[], None] | None = None) 
         raise pending
 
 
+def start_all(threads: Sequence[Worker], stop: Callable[[], None] | None = None) -> None:
+    """Start every thread. An interrupt while starting them calls `stop` and is raised once the
+    ones already started have ended (`join_all`)."""
+    started: list[Worker] = []
+    try:
+        for t in threads:
+            t.start()
+            started.append(t)
+    except BaseException:
+        if stop is not None:
+            stop()
+        join_all(started)
+        raise
+
+
 def run_threads(
     targets: Sequence[Callable[[], object]],
     name: str = "exl3tool",
@@ -72,16 +87,7 @@ def run_threads(
             errors.append(exc)
 
     pool = [Worker(partial(guarded, t), f"{name}-{i}") for i, t in enumerate(targets)]
-    started: list[Worker] = []
-    try:
-        for t in pool:
-            t.start()
-            started.append(t)
-    except BaseException:  # an interrupt while starting them: the started ones end first
-        if stop is not None:
-            stop()
-        join_all(started)
-        raise
+    start_all(pool, stop)
     join_all(pool, stop)
     if errors:
         raise errors[0]

@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from exl3tool.io.workers import Worker, join_all
+from exl3tool.io.workers import Worker, join_all, start_all
 
 B = TypeVar("B")
 Read = Callable[[B, np.ndarray], None]  # fill the buffer with the block's bytes
@@ -135,16 +135,13 @@ def run_pipeline(
 
     targets = [reader, *(lambda c=c: consumer(c) for c in consumers)]
     threads = [Worker(partial(guarded, t), f"exl3slice-{i}") for i, t in enumerate(targets)]
-    started: list[Worker] = []
+    start_all(threads, pool.fail)
     try:
-        for t in threads:
-            t.start()
-            started.append(t)
         if meanwhile is not None:
             meanwhile()
     except BaseException:
         pool.fail()
-        join_all(started, pool.fail)
+        join_all(threads, pool.fail)
         raise
     join_all(threads, pool.fail)  # an interrupt stops them, and is raised once they are done
     if errors:

@@ -7,6 +7,7 @@ import os
 import signal
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,25 +137,38 @@ def _plan(ck: Path) -> Any:
     return build_plan(open_artifact(ck)[0])
 
 
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _after_hashing_ahead(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) -> None:
+    """Every tensor hashed ahead, then `change()`, before any header is read (the run without
+    hashing ahead is left as it is)."""
+    real = early.start
+
+    def then_change(*args: Any, **kwargs: Any) -> Any:
+        got = real(*args, **kwargs)
+        if got is not None:
+            got._finish()
+            change()
+        return got
+
+    monkeypatch.setattr(early, "start", then_change)
+
+
 def test_a_shard_rewritten_after_it_was_hashed_ahead_is_hashed_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: list
 ) -> None:
     ck = write_checkpoint(tmp_path / "ck", expert_tensors([0], 2, k=3, seed=1), shards=2)
     shard = ck / "model-00001-of-00002.safetensors"
-    real = early.start
 
-    def then_rewrite(*args: Any, **kwargs: Any) -> Any:
-        got = real(*args, **kwargs)
-        if got is None:  # the run without hashing ahead
-            return None
-        got._finish()  # every tensor hashed ahead, then the shard changes before its header is read
-        data = bytearray(shard.read_bytes())
-        data[-1] ^= 0xFF
-        shard.write_bytes(bytes(data))
+    def rewrite() -> None:
+        _flip_last_byte(shard)
         os.utime(shard, ns=(1, 1))  # same size, another mtime (not one a coarse clock shares)
-        return got
 
-    monkeypatch.setattr(early, "start", then_rewrite)
+    _after_hashing_ahead(monkeypatch, rewrite)
     got = _identity(ck, compat=False)
     assert ahead and ahead[0].lookup(shard, _stamp(shard)) is None
     assert got == _plain(ck, monkeypatch, compat=False)
@@ -168,17 +182,10 @@ def test_a_rewrite_that_keeps_size_and_mtime_is_hashed_again(
     is enough for the engine to hash it again."""
     ck = write_checkpoint(tmp_path / "ck", expert_tensors([0], 2, k=3, seed=3), shards=2)
     shard = ck / "model-00001-of-00002.safetensors"
-    real = early.start
 
-    def then_rewrite(*args: Any, **kwargs: Any) -> Any:
-        got = real(*args, **kwargs)
-        if got is None:  # the run without hashing ahead
-            return None
-        got._finish()
+    def rewrite() -> None:
         before = os.stat(shard)
-        data = bytearray(shard.read_bytes())
-        data[-1] ^= 0xFF
-        shard.write_bytes(bytes(data))
+        _flip_last_byte(shard)
         os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
         now = os.stat(shard)
         assert (now.st_size, now.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
@@ -188,9 +195,8 @@ def test_a_rewrite_that_keeps_size_and_mtime_is_hashed_again(
             os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
             now = os.stat(shard)
         assert now.st_ctime_ns != before.st_ctime_ns
-        return got
 
-    monkeypatch.setattr(early, "start", then_rewrite)
+    _after_hashing_ahead(monkeypatch, rewrite)
     got = _identity(ck, compat=False)
     assert ahead and ahead[0].lookup(shard, _stamp(shard)) is None
     assert got == _plain(ck, monkeypatch, compat=False)
