@@ -49,10 +49,10 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def run(cmd: list[str]) -> tuple[float, int, float]:
+def run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, float]:
     """Wall seconds, peak RSS (bytes) and CPU seconds (user + sys) of a child process."""
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=_env())
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env or _env())
     _, status, usage = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t
     if os.waitstatus_to_exitcode(status) != 0:

@@ -27,6 +27,7 @@ from typing import Any  # noqa: E402
 import exl3tool.actions.identity  # noqa: E402,F401
 import exl3tool.formats.checkpoint as checkpoint  # noqa: E402
 import exl3tool.identity.artifact as artifact  # noqa: E402
+import exl3tool.identity.early as early  # noqa: E402
 import exl3tool.identity.engine as engine  # noqa: E402
 import exl3tool.identity.fast as fast  # noqa: E402
 import exl3tool.identity.logical as logical  # noqa: E402
@@ -84,8 +85,12 @@ def main() -> int:
         (checkpoint, "_read_json"), (safetensors, "read_header"), (logical, "build_plan"),
         (fast, "planned_bytes"), (engine, "hash_segments"), (engine, "_plan"),
         (engine, "_open_all"), (engine, "run_threads"), (fast, "identity_from_digests"),
+        (early, "start"), (engine, "_take_known"), (engine, "_lease_all"),
+        (engine, "_run_forked"),
     ]:  # fmt: skip
         wrap(module, name)
+    # the wait for the workers hashing ahead (the first lookup waits for all of them)
+    early.EarlyDigests._finish = timed("early.wait_for_workers", early.EarlyDigests._finish)
     engine._Worker.batch = unit_timer(engine._Worker.batch)
     engine._Worker.job = unit_timer(engine._Worker.job)
     imported = time.perf_counter() - T0

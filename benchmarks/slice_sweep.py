@@ -4,13 +4,16 @@
 
 Builds (or reuses) `bench_slice.py`'s source under DIR/src (`--gb`), then per round and per
 config: `cp` + `sync` of the source shards, then `exl3tool slice` in a child whose
-`exl3tool.tp.stream` constants are set first (`base`: as shipped). Prints per config the median
+`exl3tool.tp.stream` constants are set first (`base`: as shipped; `SWITCH_US=N`: the thread
+switch interval, `sys.setswitchinterval`, in microseconds; `TREE=PATH`: the exl3tool of
+another checkout, e.g. `git worktree add /tmp/old HEAD~1`). Prints per config the median
 ratio (cp + sync seconds / slice seconds), the rounds, and the largest peak RSS.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -20,9 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_slice
 
 BOOT = """import sys
+sys.path[:] = [p for p in sys.path if p not in ("", ".")]  # PYTHONPATH's tree, not the cwd
 import exl3tool.tp.stream as stream
 for kv in filter(None, sys.argv.pop(1).split(",")):
     name, value = kv.split("=")
+    if name == "SWITCH_US":  # the interpreter's thread switch interval, in microseconds
+        sys.setswitchinterval(int(value) / 1e6)
+        continue
     if not hasattr(stream, name):
         raise SystemExit(f"exl3tool.tp.stream has no {name}")
     setattr(stream, name, int(value))
@@ -59,9 +66,13 @@ def main() -> int:
             bench_slice.clean(cp)
             out = args.dir / "out"
             bench_slice.clean(out)
-            knobs = "" if cfg == "base" else cfg
-            cmd = [sys.executable, "-c", BOOT, knobs, "slice", str(src), "--tp", str(args.tp)]
-            t_sl, rss, _ = bench_slice.run([*cmd, "-o", str(out)])
+            knobs = [kv for kv in cfg.split(",") if cfg != "base" and not kv.startswith("TREE=")]
+            trees = [kv[5:] for kv in cfg.split(",") if kv.startswith("TREE=")]
+            env = bench_slice._env()
+            if trees:  # another checkout's exl3tool first on the import path
+                env["PYTHONPATH"] = os.pathsep.join([trees[-1], env["PYTHONPATH"]])
+            cmd = [sys.executable, "-c", BOOT, ",".join(knobs), "slice", str(src)]
+            t_sl, rss, _ = bench_slice.run([*cmd, "--tp", str(args.tp), "-o", str(out)], env)
             bench_slice.clean(out)
             rows[cfg].append(((t_cp + t_sync) / t_sl, rss))
     print(f"source {size / 1e9:.2f} GB in {len(shards)} shards, TP {args.tp}, {args.rounds} rounds")

@@ -27,7 +27,11 @@ Take = Callable[[B, np.ndarray], None]  # one consumer's work on a block that wa
 
 class _Pool(Generic[B]):
     def __init__(self, depth: int, size: int, consumers: int, done: Callable[[B], None]) -> None:
-        self._cond = threading.Condition()
+        # One lock, two wait queues: a freed buffer wakes the reader only, a published block
+        # the consumers only (with one queue, every release woke every waiting consumer too).
+        lock = threading.Lock()
+        self._space = threading.Condition(lock)  # the reader waits here for a free buffer
+        self._cond = threading.Condition(lock)  # consumers wait here for the next block
         self._free = [np.empty(size, dtype=np.uint8) for _ in range(depth)]
         self._ready: dict[int, list] = {}  # block index -> [block, buffer, consumers left]
         self._count: int | None = None  # blocks in all, once the reader has seen the last
@@ -36,9 +40,9 @@ class _Pool(Generic[B]):
         self.failed = False
 
     def acquire(self) -> np.ndarray | None:
-        with self._cond:
+        with self._space:
             while not self.failed and not self._free:
-                self._cond.wait()
+                self._space.wait()
             return None if self.failed else self._free.pop()
 
     def publish(self, b: int, block: B, buf: np.ndarray) -> None:
@@ -69,12 +73,13 @@ class _Pool(Generic[B]):
                 del self._ready[b]
                 self._free.append(entry[1])
                 self._done(entry[0])
-                self._cond.notify_all()
+                self._space.notify()
 
     def fail(self) -> None:
         with self._cond:
             self.failed = True
             self._cond.notify_all()
+            self._space.notify_all()
 
 
 def run_pipeline(

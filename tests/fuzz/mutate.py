@@ -305,7 +305,7 @@ def _edit_entry(rng: random.Random, entry: dict, payload_len: int) -> str:
                 ["3"],
                 [2**64],
                 [*shape, 1] if isinstance(shape, list) else [1],
-                (shape or [1])[:-1],
+                (shape or [1])[:-1] if isinstance(shape or [1], (list, str)) else [],
                 [_doubled(x) for x in shape] if isinstance(shape, list) else None,
                 [2**16] * 8,
                 [[2]],
