@@ -275,7 +275,7 @@ def coverage_sets(m: dict[str, Any]) -> dict[str, dict[int, set[int]]] | None:
             return None
         out[label] = {}
         for L, es in layers.items():
-            if not spec.LAYER_KEY_RE.match(L) or ints(es) is None:
+            if not spec.LAYER_KEY_RE.fullmatch(L) or ints(es) is None:
                 return None
             out[label][int(L)] = set(es)
     return out

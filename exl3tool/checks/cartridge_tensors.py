@@ -54,7 +54,7 @@ def _parse_all(cart: Cartridge, findings: Findings) -> list[StageKey]:
             else:
                 _add(findings, cart, ca.CA_MALFORMED_KEY, "Malformed MSRT cartridge key", name)
             continue
-        if key.component not in spec.STAGE_COMPONENTS or not spec.LABEL_RE.match(key.label):
+        if key.component not in spec.STAGE_COMPONENTS or not spec.LABEL_RE.fullmatch(key.label):
             _add(findings, cart, ca.CA_MALFORMED_KEY,
                  f"Malformed MSRT cartridge key (component {key.component!r}, label {key.label!r})",
                  name)  # fmt: skip

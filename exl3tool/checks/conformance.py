@@ -12,6 +12,7 @@ from typing import Any
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.detect import Kind
+from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.names import ExpertPrefixes
 from exl3tool.formats.tail import config_tail
 from exl3tool.io.strict_json import is_json_int, pointer_join
@@ -168,6 +169,115 @@ def check_tail_bitrates(
             )
 
 
+def _storage_keys(prefix: str) -> list[str]:
+    """The tensor_storage keys under which the runtime finds the record of the linear `prefix`
+    (Exl3Config._storage_entry): as named, with or without a leading `model.`, and with a
+    `model` or `language_model` segment of a multimodal wrapper left out."""
+    keys = [
+        prefix,
+        prefix.removeprefix("model.") if prefix.startswith("model.") else "model." + prefix,
+    ]
+    parts = prefix.split(".")
+    for wrapper in ("model", "language_model"):
+        for i, part in enumerate(parts[:-1]):
+            if part == wrapper:
+                short = ".".join(parts[:i] + parts[i + 1 :])
+                keys += [short, "model." + short]
+                if short.startswith("model."):
+                    keys.append(short.removeprefix("model."))
+    return list(dict.fromkeys(keys))
+
+
+def check_linear_claims(ckpt: Checkpoint, findings: Findings) -> None:
+    """Exl3Config.get_quant_method for the dense linears of a checkpoint whose experts are not
+    claimed through tensor_storage (R7, rank-sliced): a linear stored as EXL3 is loaded as EXL3
+    only when the tensor_storage the runtime holds has an exl3 record for it. With a rank-sliced
+    tail that is config.json's embedded map alone (the config step returns before it would read
+    quantization_config.json); without one, the embedded map or else the file's."""
+    tail = rank_sliced_tail(ckpt.config) is not None
+    if tail:
+        emb = ckpt.embedded_quant
+        ts = emb.get("tensor_storage") if isinstance(emb, dict) else None
+        where, ptr = "config.json", "/quantization_config/tensor_storage"
+    else:
+        ts = storage_map(ckpt)
+        if not isinstance(ts, dict) or not ts:
+            return  # R7080 / EX020 say why the runtime refuses to start
+        emb = ckpt.embedded_quant
+        embedded = isinstance(emb, dict) and isinstance(emb.get("tensor_storage"), dict)
+        embedded = embedded and bool(emb["tensor_storage"])
+        where = "config.json" if embedded else "quantization_config.json"
+        ptr = "/quantization_config/tensor_storage" if embedded else "/tensor_storage"
+    ts = ts if isinstance(ts, dict) else {}
+    dense = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
+    unclaimed = []
+    for prefix, group in sorted(group_linears(dense).items()):
+        if "trellis" not in group.parts:
+            continue
+        records = (ts.get(k) for k in _storage_keys(prefix))
+        if not any(isinstance(r, dict) and r.get("quant_format") == "exl3" for r in records):
+            unclaimed.append(group.parts["trellis"])
+    for ref in unclaimed[:MAX_NAMED]:
+        findings.add(
+            ex.EX_STORAGE_UNLISTED,
+            f"stored as EXL3 but the tensor_storage the runtime reads ({where}) has no exl3 "
+            "record for it: the runtime loads the linear as unquantized and has no parameter "
+            "for its trellis",
+            file=where,
+            tensor=ref.name,
+            pointer=ptr,
+        )
+    if len(unclaimed) > MAX_NAMED:
+        findings.add(
+            ex.EX_STORAGE_UNLISTED,
+            f"{len(unclaimed) - MAX_NAMED} more EXL3 linears without an exl3 record",
+            file=where,
+            tensor=unclaimed[MAX_NAMED].name,
+            pointer=ptr,
+        )
+
+
+def _is_mixed(bits: Any) -> bool:
+    """The runtime's test of a tail's mixed bitrate (surrounding spaces and case ignored)."""
+    return isinstance(bits, str) and bits.strip().lower() == "mixed"
+
+
+def _int_range(v: Any) -> tuple[int, int] | None:
+    if isinstance(v, list) and len(v) == 2 and all(map(is_json_int, v)) and v[0] <= v[1]:
+        return v[0], v[1]
+    return None
+
+
+def check_r7_mixed_tail(ckpt: Checkpoint, tail: dict[str, Any], findings: Findings) -> None:
+    """Exl3MoEMethod.create_weights with a carried tail: every EXL3 MoE layer, the R7 ones
+    too, takes its bitrates from Exl3Config.rank_sliced_layer_bitrates, which for mixed bits
+    knows only the layers of the tail's range."""
+    if not _is_mixed(tail.get("bits")):
+        return
+    emb = ckpt.embedded_quant
+    block = emb.get("r7_routed_experts") if isinstance(emb, dict) else None
+    moe = _int_range(block.get("moe_layers")) if isinstance(block, dict) else None
+    if moe is None:
+        return  # the R7 block's own rules report it
+    covered = _int_range(tail.get("moe_layers"))
+    outside = [
+        layer
+        for layer in (moe[0], moe[1], (covered or (0, -1))[1] + 1)
+        if moe[0] <= layer <= moe[1] and not (covered and covered[0] <= layer <= covered[1])
+    ]
+    if not outside:
+        return
+    span = f"layers {covered[0]}..{covered[1]}" if covered else "no usable layer range"
+    findings.add(
+        r7.R7_TAIL_MIXED,
+        f"the carried hybrid_tr3_tail has bits 'mixed': the runtime then looks up every EXL3 "
+        f"MoE layer's bitrates in the tail's bitmap, which holds {span}, so R7 layer "
+        f'{min(outside)} is refused ("bitrate map has no layer {min(outside)}")',
+        file="config.json",
+        pointer="/hybrid_tr3_tail/bits",
+    )
+
+
 def check_conformance(
     ckpt: Checkpoint, kind: Kind, findings: Findings, options: ValidateOptions
 ) -> None:
@@ -175,11 +285,15 @@ def check_conformance(
     # the storage claim reads config.json's tail too: unparseable, its JSON finding is the cause
     if kind in (Kind.R7, Kind.EXL3) and "config.json" not in ckpt.rejected_files:
         check_storage_claim(ckpt, kind, findings)
+    if kind in (Kind.R7, Kind.RANK_SLICED) and "config.json" not in ckpt.rejected_files:
+        check_linear_claims(ckpt, findings)  # a plain EXL3 checkpoint: EX022 in its family
     if kind is not Kind.MSRT_BASE:  # the base profile's component rule (MB007) covers it
         check_expert_namespace(ckpt, findings)
     tail = rank_sliced_tail(ckpt.config)
     if tail is not None and kind in (Kind.RANK_SLICED, Kind.R7):
         check_tail_bitrates(ckpt, tail, options.runtime, findings)
+    if tail is not None and kind is Kind.R7:
+        check_r7_mixed_tail(ckpt, tail, findings)
 
 
 __all__ = ["RUNTIMES", "check_conformance", "rank_sliced_tail", "storage_map"]

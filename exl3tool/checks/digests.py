@@ -56,4 +56,4 @@ class Digests:
 
 
 def sha_ok(value: Any) -> bool:
-    return isinstance(value, str) and bool(SHA256_RE.match(value))
+    return isinstance(value, str) and bool(SHA256_RE.fullmatch(value))

@@ -60,7 +60,7 @@ def parse_key(name: str) -> StageKey | None:
     m = spec.KEY_RE.match(name)
     if m is None:
         return None
-    lm = spec.CANONICAL_LAYER_RE.match(m.group("layer_part"))
+    lm = spec.CANONICAL_LAYER_RE.fullmatch(m.group("layer_part"))
     return StageKey(
         name,
         m.group("layer_part"),

@@ -34,7 +34,9 @@ def validator(name: str) -> Any:
     code that slices and indexes with it would then meet as a float."""
     import jsonschema
 
-    cls = jsonschema.Draft202012Validator
+    cls = jsonschema.validators.extend(
+        jsonschema.Draft202012Validator, validators={"pattern": _pattern}
+    )
     if name.startswith("exl3tool-"):
         checker = cls.TYPE_CHECKER.redefine("integer", _json_integer)
         cls = jsonschema.validators.extend(cls, type_checker=checker)
@@ -43,6 +45,50 @@ def validator(name: str) -> Any:
 
 def _json_integer(_checker: Any, value: Any) -> bool:
     return type(value) is int
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, _schema: Any) -> Any:
+    """The `pattern` keyword with its regular expression read as JSON Schema reads it (ECMA-262):
+    `$` is the end of the string. Python's `$` also matches before a final newline, so a digest
+    or label with a trailing "\n" passed, which the runtime's full matches refuse."""
+    from jsonschema import ValidationError
+
+    if validator.is_type(instance, "string") and not ecma_regex(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+@functools.cache
+def ecma_regex(pattern: str) -> re.Pattern[str]:
+    """`pattern` compiled with every `$` outside a character class as `\\Z` (ECMA-262's `$`
+    without the multiline flag: the end of the input only)."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1 : i + 2] == "^":  # `[^` and a `]` right after `[` are literal
+                out.append("[^")
+                i += 2
+                if pattern[i : i + 1] == "]":
+                    out.append("]")
+                    i += 1
+                continue
+            if pattern[i + 1 : i + 2] == "]":
+                out.append("[]")
+                i += 2
+                continue
+        elif c == "$":
+            c = "\\Z"
+        out.append(c)
+        i += 1
+    return re.compile("".join(out))
 
 
 def error_pointer(err: Any) -> tuple[str, tuple[Any, ...]]:

@@ -84,8 +84,9 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     ),
     RuntimeCheck(
         "Exl3Config.rank_sliced_layer_bitrates", EXL3,
-        "a uniform rank-sliced bitrate must be integral",
-        ("RS020",), "non-integral-bits",
+        "a uniform rank-sliced bitrate must be integral; with mixed bits, every EXL3 MoE layer "
+        "(the R7 layers beside a carried tail too) must be in the tail's bitmap",
+        ("RS020", "R7061"), "non-integral-bits",
     ),
     RuntimeCheck(
         "Exl3Config.normalize_rank_sliced_weight_name", EXL3,
@@ -95,8 +96,9 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     ),
     RuntimeCheck(
         "Exl3Config.get_quant_method", EXL3,
-        "claims a linear as EXL3 through tensor_storage (else the unquantized method) and a MoE "
-        "layer through tensor_storage or the tail's layer range",
+        "claims a linear as EXL3 through tensor_storage (else the unquantized method, which has "
+        "no parameter for a trellis; with a rank-sliced tail only config.json's embedded map "
+        "counts) and a MoE layer through tensor_storage, the R7 block or the tail's layer range",
         ("EX022", "TP011"), "linear-unlisted",
     ),
     RuntimeCheck(

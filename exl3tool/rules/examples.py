@@ -143,6 +143,7 @@ EXAMPLES = MappingProxyType(
         "R7053": 'files_sha256 {"tokenizer.model": "xyz"} (no such file, not 64 hex)',
         "R7054": 'r7_layer_manifest_sha256 {"3": "…"} not the digest of r7-experts-layer-003.json',
         "R7060": 'hybrid_tr3_tail {"moe_layers": [3, 78]} overlapping r7 moe_layers [3, 77]',
+        "R7061": 'hybrid_tr3_tail {"bits": "mixed", "moe_layers": [78, 78]} beside R7 layers 3..77',
         "R7070": "validate --tp 3 with moe_intermediate_size 2048 (682.7 channels per rank)",
         "R7071": "model.layers.3.mlp.gate.e_score_correction_bias: F16 [255] with 256 experts",
         "R7080": "an R7 checkpoint with no tensor_storage in quantization_config.json and no tail",

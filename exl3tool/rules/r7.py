@@ -336,6 +336,17 @@ R7_TAIL_ROLE = rule(
     "moe_layers outside the R7 range (§6).",
     "Set r7_compat_role and a tail moe_layers that does not overlap r7_routed_experts.moe_layers.",
 )
+R7_TAIL_MIXED = rule(
+    "R7061",
+    "carried-tail-mixed",
+    E,
+    "Carried hybrid_tr3_tail with mixed bits in an R7 checkpoint",
+    "With a rank-sliced tail present, the runtime sizes every EXL3 MoE layer, the R7 layers "
+    "included, from the tail's per-layer bitrates (Exl3Config.rank_sliced_layer_bitrates); with "
+    "bits \"mixed\" those come from the tail's bitmap, which covers only the tail's own layers, "
+    "so the first R7 layer is refused at model construction.",
+    'Give the carried tail the uniform K of its MTP layer (bits 3..6) instead of "mixed".',
+)
 R7_TP_ALIGN = rule(
     "R7070",
     "tp-alignment",

@@ -387,7 +387,73 @@ CASES = [
     Case("EX030", "exl3", storage(lambda s: [r.update(quant_format="fp16") for r in s.values()])),
     Case("RS020", "rank-sliced", tail(lambda t: t.update(bits=2.0))),
     Case("RS021", "rank-sliced", lambda r: _three_tiers(r)),
+    Case("EX022", "r7", lambda r: _dense_exl3(r), id="r7-dense-linear"),
+    Case(
+        "R7061",
+        "r7",
+        tail(lambda t: t.update(bits="mixed", k_values=[4], bits_per_expert="tier_bitmap.json:k")),
+    ),
 ]
+
+O_PROJ = "model.layers.0.self_attn.o_proj"  # a BF16 linear of the R7 fixture (hidden 128)
+
+
+def _dense_exl3(root: Path, listed: bool = False) -> None:
+    """The R7 fixture with one dense linear stored as EXL3 (K 4, mcg), listed in config.json's
+    tensor_storage when `listed` (the map the runtime reads beside the carried tail)."""
+    parts = {
+        f"{O_PROJ}.trellis": ("I16", trellis(8, 8, 64)),
+        f"{O_PROJ}.suh": ("F16", f16(128)),
+        f"{O_PROJ}.svh": ("F16", f16(128)),
+        f"{O_PROJ}.mcg": ("I32", np.array(-877912083, dtype="<i4")),
+    }
+
+    def swap(t: dict) -> None:
+        t.pop(f"{O_PROJ}.weight")
+        t.update(parts)
+
+    edit_shard(root, shard_of(root, f"{O_PROJ}.weight"), swap)
+    if listed:
+        record = {
+            "quant_format": "exl3",
+            "bits_per_weight": 4,
+            "stored_tensors": {
+                n: {"shape": list(a.shape), "dtype": d, "n_bytes": a.nbytes}
+                for n, (d, a) in parts.items()
+            },
+        }
+        edit_json(
+            root / "config.json",
+            lambda c: c["quantization_config"].setdefault("tensor_storage", {}).update(
+                {O_PROJ: record}
+            ),
+        )
+
+
+def test_r7_dense_exl3_linear_listed_in_the_embedded_map_is_claimed(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    root = copy(pristine["r7"], tmp_path / "ckpt")
+    _dense_exl3(root, listed=True)
+    assert "EX022" not in run(root).findings.codes()
+    # listed only in quantization_config.json: the runtime does not read it beside a tail
+    root2 = copy(pristine["r7"], tmp_path / "ckpt2")
+    _dense_exl3(root2)
+    edit_json(
+        root2 / "quantization_config.json",
+        lambda q: q.setdefault("tensor_storage", {}).update(
+            {O_PROJ: {"quant_format": "exl3", "stored_tensors": {}}}
+        ),
+    )
+    hits = [f for f in run(root2).findings if f.code == "EX022"]
+    assert [f.location.tensor for f in hits] == [f"{O_PROJ}.trellis"]
+
+
+def test_r7_uniform_carried_tail_is_not_r7061(pristine: dict[str, Path], tmp_path: Path) -> None:
+    root = copy(pristine["r7"], tmp_path / "ckpt")
+    assert "R7061" not in run(root).findings.codes()
+    tail(lambda t: t.update(bits=" Mixed "))(root)  # as the runtime reads it
+    assert "R7061" in run(root).findings.codes()
 
 
 def _three_tiers(root: Path) -> None:
