@@ -424,8 +424,8 @@ def _dense_exl3(root: Path, listed: bool = False) -> None:
         }
         edit_json(
             root / "config.json",
-            lambda c: c["quantization_config"].setdefault("tensor_storage", {}).update(
-                {O_PROJ: record}
+            lambda c: (
+                c["quantization_config"].setdefault("tensor_storage", {}).update({O_PROJ: record})
             ),
         )
 

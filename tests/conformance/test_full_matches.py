@@ -41,7 +41,9 @@ def _cartridge(tmp_path: Path, edit) -> Path:
 def test_campaign_digest_with_a_trailing_newline(
     tmp_path: Path, field: str, code: str, tail: str
 ) -> None:
-    root = _cartridge(tmp_path, lambda m: m["campaign"].update({field: m["campaign"][field] + tail}))
+    root = _cartridge(
+        tmp_path, lambda m: m["campaign"].update({field: m["campaign"][field] + tail})
+    )
     assert (code in codes(root)) is bool(tail)
 
 
