@@ -13,9 +13,10 @@ def _wants_help(args: list[str]) -> bool:
 
 def entry() -> None:
     """The console entry point: signal handlers first, then the (heavier) command line."""
-    from exl3tool.cli import signals
+    from exl3tool.cli import signals, streams
 
     signals.install()
+    streams.prepare()
     try:
         gc.disable()  # the start-up imports make ~40k long-lived objects and no garbage
         try:
@@ -37,10 +38,21 @@ def entry() -> None:
             gc.freeze()  # the command's collections need not walk them again
             gc.enable()
         if command is not None:
-            raise SystemExit(command())
-        app(prog_name="exl3tool")
+            code = command()
+            streams.flush()
+            raise SystemExit(code)
+        try:
+            app(prog_name="exl3tool")
+        finally:
+            streams.flush()
     except (KeyboardInterrupt, signals.Interrupted) as exc:
         raise SystemExit(signals.say(exc)) from None
+    except BrokenPipeError:
+        raise SystemExit(streams.reader_gone()) from None
+    except SystemExit as exc:  # click and rich end with 1 when stdout's reader has gone
+        if isinstance(exc.__context__, BrokenPipeError) and exc.code == 1:
+            raise SystemExit(streams.reader_gone()) from None
+        raise
     finally:
         # The process ends here. Interpreter shutdown runs full collections that walk every
         # object the imports made (~15 ms of a short command); frozen ones are skipped.

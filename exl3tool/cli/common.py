@@ -21,7 +21,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # The exit codes of README "Exit codes" (their numbers: exl3tool.actions.errors).
 EXIT_HELP = (
     "Exit codes: 0 clean, 1 findings, 2 usage error or missing extra, 3 unreadable input, "
-    "130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."
+    "130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 141 stdout's reader has gone."
 )
 
 REPORT_FORMATS = ("text", "json", "sarif", "junit")
@@ -57,9 +57,19 @@ def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            sys.stdout.flush()  # a reader that has gone is noticed here, not at exit
+            return result
         except BrokenPipeError:
-            raise typer.Exit(1) from None
+            from exl3tool.cli.streams import reader_gone
+
+            raise typer.Exit(reader_gone()) from None
+        except SystemExit as exc:  # rich ends the process with 1 when stdout's reader has gone
+            if not isinstance(exc.__context__, BrokenPipeError):
+                raise
+            from exl3tool.cli.streams import reader_gone
+
+            raise typer.Exit(reader_gone()) from None
         except (Exl3ToolError, KeyboardInterrupt, Interrupted, OSError) as exc:
             from exl3tool.actions import errors
 
