@@ -97,9 +97,12 @@ def snapshot_of(ref: HfRef, cache: Path | None = None) -> Path:
     naming the `hf` extra when huggingface_hub is not installed."""
     try:
         from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError:
         raise missing_extra("huggingface_hub", "hf", f"resolving {ref}") from None
+    try:
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:  # huggingface_hub before 0.25 (the extra allows 0.23)
+        from huggingface_hub.utils import LocalEntryNotFoundError
     cache = cache or cache_dir()
     ref = _expand_short_commit(ref, cache)
     try:

@@ -100,7 +100,8 @@ GT_SKIPPED = rule(
     INFO,
     "A requested check was skipped",
     "Some checks need torch.distributed, CUDA or another component missing on this machine; a "
-    "skip is reported, never silent.",
+    "skip is reported, never silent. A declared check that did not run at all is a warning "
+    "(`--strict` fails the gate); a part of a run that could not be checked here is an info.",
     "Run the gate where the missing component is available (the message names it).",
 )
 GT_NOT_APPLICABLE = rule(

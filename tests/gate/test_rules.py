@@ -11,6 +11,7 @@ import pytest
 from exl3tool.actions.gate import steps
 from exl3tool.actions.gate.config import ArtifactSpec, GateConfig
 from exl3tool.actions.gate.run import run_check
+from exl3tool.rules.registry import Severity
 
 from .conftest import REPO, Artifacts
 
@@ -84,6 +85,20 @@ def test_gt012_verify_swap_skipped_without_cuda_is_said(synth: Artifacts, monkey
     assert any("verify-swap --tp 2 --device cuda skipped: CUDA" in n for n in report.notes)
     checks = {c["name"]: c["status"] for c in report.artifacts[0].extra["checks"]}
     assert checks["verify-swap --tp 2"] == "skipped"
+    # a declared check that did not run is a warning: --strict fails the gate on it
+    (f,) = [f for f in report.findings if f.code == "GT012"]
+    assert f.level is Severity.WARNING
+    assert report.exit_code(strict=True) == 1
+
+
+def test_gt012_a_part_of_a_run_not_checked_here_is_an_info(synth: Artifacts, monkeypatch) -> None:
+    import exl3tool.runtime.verify as verify
+
+    monkeypatch.setattr(verify, "run_verify", lambda opts: _verify_report(None))
+    spec = ArtifactSpec(str(synth.cartridge), base=str(synth.base), verify_swap=True)
+    report = run_check(GateConfig(artifacts=(spec,), hash=False))
+    (f,) = [f for f in report.findings if f.code == "GT012"]
+    assert f.level is Severity.INFO and report.exit_code(strict=True) == 0
 
 
 def test_swap_unavailable_names_the_missing_component(monkeypatch) -> None:
