@@ -69,6 +69,17 @@ def load_base_info(
     base = Path(base)
     local = Findings()
     ckpt = load_checkpoint(base, local)
+    errors = local.errors()
+    if errors:  # a base that does not load (a shard absent, cut, not safetensors): no match
+        first = errors[0]
+        where = f"{first.location.file}: " if first.location.file else ""
+        findings.add(
+            ca.CA_BASE_KIND,
+            f"{base}: the base does not load ({len(errors)} errors; first {first.code} "
+            f"{where}{first.message}); nothing is matched against it: run `exl3tool validate` "
+            "on the base",
+        )
+        return None
     profile = read_base_profile(ckpt.config)
     if profile is None:
         findings.add(

@@ -35,3 +35,20 @@ def test_example_cartridge_is_valid_for_tp2():
     opts = ValidateOptions(base=EXAMPLES / "msrt-base-tiny", hash=True, tp=2)
     check_cartridge(EXAMPLES / "cartridge-k3k4", f, opts)
     assert not list(f), [(x.code, x.message) for x in f]
+
+
+def test_a_base_that_does_not_load_is_said_once_and_matches_nothing(tmp_path: Path) -> None:
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(EXAMPLES / "msrt-base-tiny", base)
+    (base / "model-layer-004.safetensors").unlink()  # a half-downloaded base
+    for hash_ in (False, True):
+        f = Findings()
+        check_cartridge(
+            EXAMPLES / "cartridge-k3k4", f, ValidateOptions(base=base, hash=hash_, tp=2)
+        )
+        codes = [x.code for x in f]
+        assert codes == ["CA070"], codes  # not CA071/CA074: the cartridge is not to blame
+        (only,) = f
+        assert "does not load" in only.message and "CK003" in only.message
