@@ -5,9 +5,11 @@ An output is refused, with or without `--force`, when it
 - is an input, or a folder holding one (`-o .` next to the checkpoint, `-o CHECKPOINT`);
 - is a folder output (a slice, a staged cartridge) inside an input folder: its files would
   become part of the input;
-- would replace a `.safetensors` or `.json` file inside an input folder (a decoded tensor
-  over a shard, a report over a config); a new file there (a `SHA256SUMS` manifest beside the
-  shards) is allowed, and so is replacing another kind of file;
+- is a file an input folder links to (a Hugging Face snapshot's blob);
+- would replace a `.safetensors`, `.json`, `.model` or `.py` file or the R7 seal
+  `MANIFEST.sha256` inside an input folder (a decoded tensor over a shard, a report over a
+  config); a new file there (a `SHA256SUMS` manifest beside the shards) is allowed, and so is
+  replacing another kind of file;
 - exists and is of the other kind (a folder where a file goes, or a file where a folder
   goes), or is not a regular file, a folder or a link (a FIFO, a device): `--force` replaces
   outputs, not what happens to be at a path.
@@ -24,7 +26,8 @@ from pathlib import Path
 from exl3tool.rules.errors import OutputError
 
 # the files an artifact is made of: an output never replaces one inside an input folder
-ARTIFACT_SUFFIXES = (".safetensors", ".json")
+ARTIFACT_SUFFIXES = (".safetensors", ".json", ".model", ".py")
+ARTIFACT_NAMES = ("MANIFEST.sha256",)  # the R7 seal (a `--sha256sum` manifest has another name)
 
 
 def real_location(path: Path) -> Path:
@@ -80,6 +83,27 @@ def _folders_of(path: Path) -> set[tuple[int, int]]:
     return out
 
 
+MAX_SCANNED = 100_000  # entries of an input folder looked at for links to the output
+
+
+def _linked_files(folder: Path) -> set[tuple[int, int]]:
+    """The identity of every file an input folder links to (a Hugging Face snapshot links each
+    of its files into the cache's blobs/), at most MAX_SCANNED entries looked at."""
+    out: set[tuple[int, int]] = set()
+    seen = 0
+    for dirpath, dirs, names in os.walk(folder):
+        for name in names:
+            seen += 1
+            if seen > MAX_SCANNED:
+                return out
+            path = os.path.join(dirpath, name)
+            got = _identity(Path(path)) if os.path.islink(path) else None
+            if got is not None:
+                out.add(got)
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(dirpath, d))]
+    return out
+
+
 def _local(item: str | Path) -> Path | None:
     """The local path an input argument names: itself, or a Hub id's cached snapshot (None
     when it is neither: the command reports that)."""
@@ -110,13 +134,19 @@ def check_apart(target: Path, inputs: Iterable[str | Path], *, directory: bool) 
         if out_id is not None and (out_id == src_id or out_id in _folders_of(real_location(src))):
             raise OutputError(f"{target} is or holds the input {item}; write the output elsewhere")
         folder = src if src.is_dir() else src.parent
+        if out_id is not None and not directory and out_id in _linked_files(folder):
+            raise OutputError(  # a file an input links to (a Hugging Face cache blob)
+                f"{target} is a file of the input {item} (through a link); write the output "
+                "elsewhere"
+            )
         if _identity(folder) not in out_in:
             continue
         if directory and src.is_dir():
             raise OutputError(
                 f"{target} is inside the input {item}; its files would become part of it"
             )
-        if not directory and out.suffix.lower() in ARTIFACT_SUFFIXES and os.path.lexists(out):
+        protected = out.suffix.lower() in ARTIFACT_SUFFIXES or out.name in ARTIFACT_NAMES
+        if not directory and protected and os.path.lexists(out):
             raise OutputError(
                 f"{target} would replace a file of the input {item}; write the output elsewhere"
             )

@@ -271,6 +271,36 @@ def test_a_hub_id_input_is_protected_in_the_cache(
     assert (snap / "config.json").is_symlink() and (snap / "config.json").read_bytes() == before
 
 
+@pytest.mark.parametrize("name", ["config.json", "r7-experts-layer-001.safetensors"])
+@pytest.mark.parametrize("hub_id", [True, False])
+def test_a_blob_an_input_links_to_is_never_replaced(
+    tmp_path: Path, name: str, hub_id: bool
+) -> None:
+    pytest.importorskip("huggingface_hub")
+    from tests.hf.conftest import cache_layout
+
+    hub = tmp_path / "hub"
+    snap = cache_layout(EXAMPLE, hub, "org/tiny")
+    blob = (snap / name).resolve()  # the output named by the blob's own path
+    before = blob.read_bytes()
+    env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    source = "org/tiny" if hub_id else str(snap)
+    got = subprocess.run(
+        [sys.executable, "-m", "exl3tool", "identity", source, "-o", str(blob), "--force"],
+        env={**env, "EXL3TOOL_NO_PROGRESS": "1"}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert got.returncode == 1 and "through a link" in got.stderr, got.stderr
+    assert blob.read_bytes() == before
+
+
+@pytest.mark.parametrize("name", ["MANIFEST.sha256", "tokenizer.model", "modeling_glm.py"])
+def test_the_seal_and_other_artifact_files_are_not_replaced(ck: Path, name: str) -> None:
+    (ck / name).write_bytes(b"kept")
+    got = _cli("identity", "ck", "-o", f"ck/{name}", "--force", cwd=ck.parent)
+    assert got.returncode == 1 and "input" in got.stderr, got.stderr
+    assert (ck / name).read_bytes() == b"kept"
+
+
 def test_a_temporary_file_stays_held_until_it_is_published(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
