@@ -134,10 +134,18 @@ def resolve_artifact(arg: str) -> Path:
 def blob_root(root: Path) -> Path | None:
     """The `blobs/` directory of the hub-cache repository that `root` lies in (a snapshot or a
     folder inside one), or None when `root` is not inside a cache snapshot."""
-    p = Path(os.path.abspath(root))
-    for snap in (p, *p.parents):
-        parent = snap.parent
-        if parent.name == "snapshots" and parent.parent.name.startswith("models--"):
-            blobs = parent.parent / "blobs"
-            return blobs if blobs.is_dir() else None
+    # as named, then as resolved: a link to a snapshot (`ln -s …/snapshots/<rev> my-model`)
+    for p in dict.fromkeys((Path(os.path.abspath(root)), Path(os.path.realpath(root)))):
+        for snap in (p, *p.parents):
+            parent = snap.parent
+            if parent.name == "snapshots" and parent.parent.name.startswith("models--"):
+                blobs = parent.parent / "blobs"
+                return blobs if blobs.is_dir() else None
     return None
+
+
+def is_cache_blob(path: Path) -> bool:
+    """Whether `path` (resolved) is a file of a hub-cache repository's `blobs/` store, where an
+    older `--local-dir` download or a folder of links into the cache points."""
+    parent = path.parent
+    return parent.name == "blobs" and parent.parent.name.startswith("models--")

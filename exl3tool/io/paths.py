@@ -13,7 +13,7 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from exl3tool.io.hf_cache import blob_root
+from exl3tool.io.hf_cache import blob_root, is_cache_blob
 
 # none: every symlink is a violation (what the serving runtime does for adapter files);
 # cache: links into the artifact or the hub cache's blobs/ are files, others are violations;
@@ -76,7 +76,7 @@ def _escape(root: Path, path: Path) -> str | None:
     if is_within(root, target):
         return None
     blobs = blob_root(root)
-    if blobs is not None and is_within(blobs, target):
+    if (blobs is not None and is_within(blobs, target)) or is_cache_blob(target):
         return None
     return f"symlink to {target}, outside the artifact and the Hugging Face cache"
 

@@ -169,3 +169,35 @@ def test_a_cartridge_shard_with_a_broken_header_is_one_finding(copy) -> None:
     shard.write_bytes(bytes(data))
     got = errors_and_warnings(art)
     assert len(got) == 1 and got[0][0].startswith("ST") and got[0][2] == shard.name, got
+
+
+def _codes(path: Path) -> list[str]:
+    _ref, findings = validate_path(path, ValidateOptions())
+    return [f.code for f in findings]
+
+
+def test_a_link_to_a_snapshot_reads_like_the_snapshot(tmp_path: Path) -> None:
+    from .conftest import cache_layout
+
+    snap = cache_layout(EXAMPLES / "r7-tiny", tmp_path / "hub", "org/tiny")
+    link = tmp_path / "my-model"
+    link.symlink_to(snap, target_is_directory=True)
+    assert _codes(link) == _codes(snap)
+    assert "PA006" not in _codes(link)
+
+
+def test_a_folder_of_links_into_the_cache_blobs_is_not_pa006(tmp_path: Path) -> None:
+    # what an older `--local-dir` download leaves: the folder's files link into blobs/
+    from .conftest import cache_layout
+
+    snap = cache_layout(EXAMPLES / "r7-tiny", tmp_path / "hub", "org/tiny")
+    local = tmp_path / "local"
+    local.mkdir()
+    for entry in snap.iterdir():
+        (local / entry.name).symlink_to(entry.resolve())
+    assert "PA006" not in _codes(local)
+    # a link out of the artifact that is not a cache blob still is
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text("{}")
+    (local / "extra.json").symlink_to(outside)
+    assert "PA006" in _codes(local)
