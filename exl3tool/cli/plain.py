@@ -100,6 +100,10 @@ def identity_body(
     sys.stderr.write(finding_lines(result.findings))
     if result.identity is None:
         sys.stderr.write(f"exl3tool: {result.path}: container errors; no identity given\n")
+        if fmt == "json" and output is None:  # a JSON reader still gets JSON: the findings
+            from exl3tool.report.render import emit
+
+            emit(result.report(), "json", None, force=False)
     return result.exit_code()
 
 

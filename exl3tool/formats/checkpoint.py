@@ -212,6 +212,18 @@ def _load_checkpoint(path: Path, findings: Findings, need_config: bool) -> Check
     return ckpt
 
 
+def _absent(path: Path) -> str:
+    """Why `path` holds no file: absent, or a link whose target is missing (in a Hugging Face
+    cache snapshot: a blob an interrupted download never fetched)."""
+    if not os.path.islink(path):
+        return "absent"
+    from exl3tool.io.hf_cache import blob_root
+
+    if blob_root(path.parent) is not None:
+        return "is a link to a missing blob of the Hugging Face cache (an incomplete download: fetch it again)"
+    return f"is a link to {os.readlink(path)}, which does not exist"
+
+
 def _refs(st: SafetensorsFile) -> Iterator[TensorRef]:
     """A TensorRef of each of `st`'s tensors, in its order."""
     return map(tuple.__new__, repeat(TensorRef), zip(repeat(st), st.tensors.values()))
@@ -289,7 +301,7 @@ def _load_indexed(ckpt: Checkpoint, present: list[str], findings: Findings) -> N
             )
             continue
         try:
-            absent = "" if (ckpt.root / label).is_file() else "absent"
+            absent = "" if (ckpt.root / label).is_file() else _absent(ckpt.root / label)
         except OSError as exc:  # e.g. a name too long for the file system
             absent = exc.strerror or str(exc)
         if absent:

@@ -201,3 +201,15 @@ def test_outputs_are_not_clobbered(base: Path, tmp_path: Path) -> None:
     assert out.read_text() == "keep"
     assert run("identity", base, "-o", out, "--force")[0] == 0
     assert out.read_text().startswith(str(base))
+
+
+def test_a_broken_artifact_in_json_gives_its_findings_as_json(base: Path, tmp_path: Path) -> None:
+    shard = sorted(base.glob("model-layer-*.safetensors"))[0]
+    shard.unlink()  # a half-downloaded base: no identity, but a JSON reader still gets JSON
+    code, out, _err = run("identity", str(base), "--format", "json")
+    assert code == 1
+    got = json.loads(out)
+    assert got["summary"]["errors"] >= 1 and "CK003" in {f["code"] for f in got["findings"]}
+    record = tmp_path / "id.json"
+    code, out, _err = run("identity", str(base), "--format", "json", "-o", str(record))
+    assert code == 1 and not record.exists() and out == ""  # no answer written for it

@@ -201,3 +201,13 @@ def test_a_folder_of_links_into_the_cache_blobs_is_not_pa006(tmp_path: Path) -> 
     outside.write_text("{}")
     (local / "extra.json").symlink_to(outside)
     assert "PA006" in _codes(local)
+
+
+def test_a_shard_whose_blob_was_never_fetched_says_so(tmp_path: Path) -> None:
+    from .conftest import cache_layout
+
+    snap = cache_layout(EXAMPLES / "r7-tiny", tmp_path / "hub", "org/tiny")
+    (snap / "r7-experts-layer-002.safetensors").resolve().unlink()  # an interrupted download
+    _ref, findings = validate_path(snap, ValidateOptions())
+    (f,) = [f for f in findings if f.code == "CK003"]
+    assert "missing blob of the Hugging Face cache" in f.message
