@@ -12,7 +12,7 @@ from exl3tool.formats.checkpoint import TensorRef
 from exl3tool.formats.exl3 import HALF_K, MCG_MARKER, MUL1_MARKER, LinearGroup, k_of_last_dim
 from exl3tool.io.views import TensorReader
 from exl3tool.rules import exl3 as ex
-from exl3tool.rules.registry import Findings
+from exl3tool.rules.registry import Findings, Severity
 
 MARKER_VALUES = {"mcg": MCG_MARKER, "mul1": MUL1_MARKER}
 
@@ -35,13 +35,21 @@ def check_marker(reader: TensorReader, ref: TensorRef, kind: str, findings: Find
     """EX010/EX011: an I32 scalar holding the exact sentinel (the 4 bytes are read with pread)."""
     info = ref.info
     if info.dtype != "I32" or info.shape != ():
+        one = info.dtype == "I32" and all(d == 1 for d in info.shape)  # [1], [1, 1]: one value
         findings.add(
             ex.EX_MARKER_DTYPE,
-            f"{kind} marker is {info.dtype}{list(info.shape)}, expected I32 []",
+            f"{kind} marker is {info.dtype}{list(info.shape)}, expected I32 []"
+            + (
+                " (the runtime takes any one-element int32; exllamav3 writes a scalar)"
+                if one
+                else ""
+            ),
             file=ref.file,
             tensor=ref.name,
+            severity=Severity.WARNING if one else None,
         )
-        return
+        if not one:
+            return
     deferred = getattr(reader, "markers", None)
     if deferred is not None:  # RandomAccessReader: one vectorised read per shard at flush
         deferred.add(ref, MARKER_VALUES[kind])

@@ -110,7 +110,7 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     RuntimeCheck(
         "Exl3LinearMethod._validate_loaded_tensors", EXL3,
         "trellis int16 rank 3 with 16..128 words, suh/svh fp16 vectors of the trellis sizes, "
-        "128-aligned sizes, int32 scalar markers with the right sentinel",
+        "128-aligned sizes, one-element int32 markers with the right sentinel",
         ("EX001", "EX002", "EX007", "EX008", "EX009", "EX010", "EX011"), "linear-bad-marker",
     ),
     RuntimeCheck(

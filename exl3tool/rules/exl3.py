@@ -81,7 +81,8 @@ EX_MARKER_DTYPE = rule(
     "marker-dtype",
     E,
     "Codebook marker is not an I32 scalar",
-    "mcg/mul1 markers are int32 scalars (§1); the loader reads exactly 4 bytes.",
+    "mcg/mul1 markers are int32 scalars (§1); the loader reads exactly 4 bytes. A one-element "
+    "int32 of another shape ([1]) is a warning: the runtime takes it, exllamav3 writes a scalar.",
     "Store the marker as I32 with shape [].",
 )
 EX_MARKER_VALUE = rule(

@@ -519,3 +519,17 @@ def test_every_declared_rule_has_a_triggering_case() -> None:
     }
     triggered = {c.code for c in CASES} | {"R7012", "R7030", "R7049"}  # infos of a valid R7
     assert declared - triggered == set()
+
+
+@pytest.mark.parametrize("kind", ["r7", "exl3"])
+def test_a_one_element_marker_is_a_warning_and_its_value_still_checked(
+    pristine: dict[str, Path], tmp_path: Path, kind: str
+) -> None:
+    # the runtime's marker check takes any one-element int32; exllamav3 writes a scalar
+    name = f"{E0}.gate_proj.mcg" if kind == "r7" else f"{Q}.mcg"
+    root = copy(pristine[kind], tmp_path / "ckpt")
+    put(name, "I32", np.array([-877912083], dtype="<i4"))(root)
+    hits = [f for f in run(root).findings if f.code in ("EX010", "EX011")]
+    assert [(f.code, f.level) for f in hits] == [("EX010", Severity.WARNING)]
+    put(name, "I32", np.array([7], dtype="<i4"))(root)
+    assert "EX011" in run(root).findings.codes()
