@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import Any
 
 EPIPE_EXIT = 128 + 13  # as a process ended by SIGPIPE reports itself
 
@@ -13,7 +14,8 @@ EPIPE_EXIT = 128 + 13  # as a process ended by SIGPIPE reports itself
 def prepare() -> None:
     """A closed stdout or stderr writes nowhere (instead of failing on its first write); a
     stream that cannot encode a character (an ASCII or Latin-1 locale meeting "…" or "§")
-    writes it as an escape; COLUMNS=0, which would make every table zero wide, is ignored."""
+    writes it as an escape; COLUMNS of 0 or less, which would make every table zero wide, is
+    ignored; stderr never ends the command (`_QuietStderr`)."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is None:
@@ -23,8 +25,43 @@ def prepare() -> None:
         if encoding not in ("utf-8", "utf8") and hasattr(stream, "reconfigure"):
             with contextlib.suppress(OSError, ValueError):
                 stream.reconfigure(errors="backslashreplace")
-    if os.environ.get("COLUMNS", "").strip() in ("0", "+0", "-0"):
-        del os.environ["COLUMNS"]
+    try:
+        if int(os.environ.get("COLUMNS", "x")) <= 0:
+            del os.environ["COLUMNS"]
+    except ValueError:
+        pass  # not a number: the terminal libraries ignore it themselves
+    if sys.stderr is not None and not isinstance(sys.stderr, _QuietStderr):
+        sys.stderr = _QuietStderr(sys.stderr)
+
+
+class _QuietStderr:
+    """stderr that goes quiet when its reader has gone: a message that cannot be shown is not
+    a reason to lose the command's exit code or its stdout (exit 141 is stdout's alone)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def flush() -> None:

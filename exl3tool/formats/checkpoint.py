@@ -213,15 +213,24 @@ def _load_checkpoint(path: Path, findings: Findings, need_config: bool) -> Check
 
 
 def _absent(path: Path) -> str:
-    """Why `path` holds no file: absent, or a link whose target is missing (in a Hugging Face
-    cache snapshot: a blob an interrupted download never fetched)."""
+    """Why `path` holds no regular file: absent, or a link whose target is missing (in a Hugging
+    Face cache snapshot, a blob of its repository an interrupted download never fetched) or is
+    not a regular file."""
     if not os.path.islink(path):
         return "absent"
+    target = os.readlink(path)
+    if os.path.exists(path):
+        return f"is a link to {target}, which is not a regular file"
     from exl3tool.io.hf_cache import blob_root
 
-    if blob_root(path.parent) is not None:
-        return "is a link to a missing blob of the Hugging Face cache (an incomplete download: fetch it again)"
-    return f"is a link to {os.readlink(path)}, which does not exist"
+    blobs = blob_root(path.parent)
+    resolved = Path(os.path.abspath(os.path.join(path.parent, target)))
+    if blobs is not None and resolved.parent == Path(os.path.abspath(blobs)):
+        return (
+            "is a link to a missing blob of the Hugging Face cache (an incomplete download: "
+            "fetch it again)"
+        )
+    return f"is a link to {target}, which does not exist"
 
 
 def _refs(st: SafetensorsFile) -> Iterator[TensorRef]:

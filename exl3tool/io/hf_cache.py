@@ -145,7 +145,11 @@ def blob_root(root: Path) -> Path | None:
 
 
 def is_cache_blob(path: Path) -> bool:
-    """Whether `path` (resolved) is a file of a hub-cache repository's `blobs/` store, where an
-    older `--local-dir` download or a folder of links into the cache points."""
+    """Whether `path` (resolved) is a file of a repository's `blobs/` store in the configured hub
+    cache (`cache_dir()`), where an older `--local-dir` download or a folder of links into the
+    cache points. A `models--*/blobs/` folder elsewhere on disk is not the cache."""
     parent = path.parent
-    return parent.name == "blobs" and parent.parent.name.startswith("models--")
+    if parent.name != "blobs" or not parent.parent.name.startswith("models--"):
+        return False
+    cache = Path(os.path.realpath(cache_dir()))
+    return Path(os.path.realpath(parent.parent.parent)) == cache

@@ -28,6 +28,7 @@ from exl3tool.rules.errors import OutputError
 # the files an artifact is made of: an output never replaces one inside an input folder
 ARTIFACT_SUFFIXES = (".safetensors", ".json", ".model", ".py")
 ARTIFACT_NAMES = ("MANIFEST.sha256",)  # the R7 seal (a `--sha256sum` manifest has another name)
+_NAMES = frozenset(n.lower() for n in ARTIFACT_NAMES)  # a case-insensitive file system too
 
 
 def real_location(path: Path) -> Path:
@@ -145,7 +146,7 @@ def check_apart(target: Path, inputs: Iterable[str | Path], *, directory: bool) 
             raise OutputError(
                 f"{target} is inside the input {item}; its files would become part of it"
             )
-        protected = out.suffix.lower() in ARTIFACT_SUFFIXES or out.name in ARTIFACT_NAMES
+        protected = out.suffix.lower() in ARTIFACT_SUFFIXES or out.name.lower() in _NAMES
         if not directory and protected and os.path.lexists(out):
             raise OutputError(
                 f"{target} would replace a file of the input {item}; write the output elsewhere"

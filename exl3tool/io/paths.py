@@ -76,7 +76,10 @@ def _escape(root: Path, path: Path) -> str | None:
     if is_within(root, target):
         return None
     blobs = blob_root(root)
-    if (blobs is not None and is_within(blobs, target)) or is_cache_blob(target):
+    if blobs is not None:  # a snapshot reads its own repository's blobs, no other
+        if is_within(blobs, target):
+            return None
+    elif is_cache_blob(target):  # a folder of links into the cache (an older --local-dir)
         return None
     return f"symlink to {target}, outside the artifact and the Hugging Face cache"
 

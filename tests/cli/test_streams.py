@@ -67,3 +67,30 @@ def test_an_encoding_without_the_characters_escapes_them(
 def test_columns_zero_is_ignored() -> None:
     got = _run(["rules"], stdout=subprocess.PIPE, env=_env(COLUMNS="0"))
     assert got.returncode == 0 and " rules" in got.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [(["validate", "/nonexistent"], 3), (["rules", "--format", "bogus"], 2), (["validate", R7], 0)],
+)
+def test_a_stderr_reader_that_has_gone_keeps_the_exit_code_and_stdout(
+    args: list[str], code: int, tmp_path: Path
+) -> None:
+    r, w = os.pipe()
+    os.close(r)
+    out = tmp_path / "out"
+    try:
+        with open(out, "w") as fh:
+            got = subprocess.run(
+                [sys.executable, "-m", "exl3tool", *args], stdout=fh, stderr=w, env=_env(),
+                timeout=120,
+            )  # fmt: skip
+    finally:
+        os.close(w)
+    assert got.returncode == code
+    assert (out.stat().st_size > 0) is (code == 0)
+
+
+def test_columns_of_zero_spelled_otherwise_is_ignored_too() -> None:
+    got = _run(["rules"], stdout=subprocess.PIPE, env=_env(COLUMNS="00"))
+    assert got.returncode == 0 and " rules" in got.stdout.splitlines()[0]

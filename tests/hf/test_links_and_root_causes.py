@@ -186,9 +186,13 @@ def test_a_link_to_a_snapshot_reads_like_the_snapshot(tmp_path: Path) -> None:
     assert "PA006" not in _codes(link)
 
 
-def test_a_folder_of_links_into_the_cache_blobs_is_not_pa006(tmp_path: Path) -> None:
+def test_a_folder_of_links_into_the_cache_blobs_is_not_pa006(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # what an older `--local-dir` download leaves: the folder's files link into blobs/
     from .conftest import cache_layout
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
 
     snap = cache_layout(EXAMPLES / "r7-tiny", tmp_path / "hub", "org/tiny")
     local = tmp_path / "local"
@@ -211,3 +215,38 @@ def test_a_shard_whose_blob_was_never_fetched_says_so(tmp_path: Path) -> None:
     _ref, findings = validate_path(snap, ValidateOptions())
     (f,) = [f for f in findings if f.code == "CK003"]
     assert "missing blob of the Hugging Face cache" in f.message
+
+
+def test_a_blobs_folder_outside_the_configured_cache_is_no_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    art = tmp_path / "art"
+    shutil.copytree(EXAMPLES / "r7-tiny", art)
+    fake = tmp_path / "x" / "models--evil" / "blobs"
+    fake.mkdir(parents=True)
+    (art / "config.json").rename(fake / "cfg")
+    (art / "config.json").symlink_to(fake / "cfg")
+    assert "PA006" in _codes(art)
+
+
+def test_a_snapshot_reads_its_own_repository_blobs_only(tmp_path: Path) -> None:
+    from .conftest import cache_layout
+
+    hub = tmp_path / "hub"
+    snap = cache_layout(EXAMPLES / "r7-tiny", hub, "org/tiny")
+    other = cache_layout(EXAMPLES / "msrt-base-tiny", hub, "org/other")
+    target = (other / "config.json").resolve()  # a blob of another repository
+    (snap / "tokenizer_config.json").symlink_to(target)
+    assert "PA006" in _codes(snap)
+
+
+def test_a_link_to_a_folder_in_place_of_a_shard_says_so(tmp_path: Path) -> None:
+    art = tmp_path / "art"
+    shutil.copytree(EXAMPLES / "r7-tiny", art)
+    (art / "model-mtp.safetensors").unlink()
+    (tmp_path / "d").mkdir()
+    (art / "model-mtp.safetensors").symlink_to(tmp_path / "d")
+    _ref, findings = validate_path(art, ValidateOptions())
+    (f,) = [f for f in findings if f.code == "CK003"]
+    assert "not a regular file" in f.message
