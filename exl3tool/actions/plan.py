@@ -130,7 +130,7 @@ class _Context:
     r7_range: tuple[int, int] | None
     tail_range: tuple[int, int] | None
     tail_sliced: bool  # tensors already carry `.rank{r}.` (legacy profile) vs full-rank base
-    storage: frozenset[str]  # module prefixes with an exl3 record
+    storage: dict[str, Any]  # the tensor_storage map the runtime holds (runtime_storage)
 
 
 def _quant_dicts(ckpt: Checkpoint) -> list[dict[str, Any]]:
@@ -154,13 +154,9 @@ def _decide(ckpt: Checkpoint, kind: Kind, tp: int, quantization: str | None) -> 
     else:
         kept = False
         reason = f"quant_method {stamp!r} with no R7 block and no exl3-trellis tail"
-    storage: set[str] = set()
-    for q in qs if tail is None else qs[:1]:  # with a tail the file is never hydrated
-        ts = q.get("tensor_storage")
-        if isinstance(ts, dict):
-            storage.update(
-                p for p, r in ts.items() if isinstance(r, dict) and r.get("quant_format") == "exl3"
-            )
+    from exl3tool.checks.conformance import runtime_storage
+
+    storage = runtime_storage(ckpt)[0]  # as validate's EX022 reads it
     sliced = tail is not None and tail.runtime_profile is None
     return _Context(
         kind,
@@ -170,7 +166,7 @@ def _decide(ckpt: Checkpoint, kind: Kind, tp: int, quantization: str | None) -> 
         layer_range(block.get("moe_layers")) if isinstance(block, dict) else None,
         tail.moe_layers if tail is not None else None,
         sliced,
-        frozenset(storage),
+        storage,
     )
 
 
@@ -219,7 +215,7 @@ def _expert_method(ctx: _Context, layer: int, module: str) -> str:
         return R7_EXPERTS
     if _in(ctx.tail_range, layer):
         return TAIL
-    return TENSOR_STORAGE if module in ctx.storage else MOE_FALLBACK
+    return TENSOR_STORAGE if _storage_has(ctx, module) else MOE_FALLBACK
 
 
 def _plan_experts(
@@ -241,7 +237,7 @@ def _plan_experts(
         if method == "":
             method = per_layer[layer] = _layer_method(ctx, layer)
         if method is None:
-            method = TENSOR_STORAGE if module in ctx.storage else MOE_FALLBACK
+            method = TENSOR_STORAGE if _storage_has(ctx, module) else MOE_FALLBACK
         if method == MOE_FALLBACK:
             fallback.add(layer)
             continue
@@ -296,9 +292,10 @@ def _klass(ctx: _Context, layer: int, k: int | None) -> str:
 
 
 def _storage_has(ctx: _Context, prefix: str) -> bool:
-    """Exl3Config._storage_entry's first candidates: the prefix with and without `model.`."""
-    alt = prefix.removeprefix("model.") if prefix.startswith("model.") else f"model.{prefix}"
-    return prefix in ctx.storage or alt in ctx.storage
+    """Whether the runtime's tensor_storage claims the linear `prefix` (Exl3Config._storage_entry)."""
+    from exl3tool.checks.conformance import claims_linear
+
+    return claims_linear(ctx.storage, prefix)
 
 
 def _plan_dense(rest: dict[str, Any], ctx: _Context, tally: _Tally) -> set[str]:

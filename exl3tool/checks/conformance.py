@@ -188,34 +188,45 @@ def _storage_keys(prefix: str) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+def runtime_storage(ckpt: Checkpoint) -> tuple[dict[str, Any], str, str]:
+    """The tensor_storage map the runtime holds once configured, and where it comes from (file,
+    JSON pointer). With a rank-sliced tail: config.json's embedded map alone (the config step
+    returns before it would read quantization_config.json); without one, the embedded map if
+    it is non-empty, else the file's."""
+    emb = ckpt.embedded_quant
+    ts = emb.get("tensor_storage") if isinstance(emb, dict) else None
+    if rank_sliced_tail(ckpt.config) is not None or (isinstance(ts, dict) and ts):
+        return (
+            (ts if isinstance(ts, dict) else {}),
+            "config.json",
+            "/quantization_config/tensor_storage",
+        )
+    qc = ckpt.quant_config
+    ts = qc.get("tensor_storage") if isinstance(qc, dict) else None
+    return (ts if isinstance(ts, dict) else {}), "quantization_config.json", "/tensor_storage"
+
+
+def claims_linear(storage: dict[str, Any], prefix: str) -> bool:
+    """Whether `storage` holds an exl3 record the runtime finds for the linear `prefix`."""
+    hit = storage.get(prefix)
+    if isinstance(hit, dict) and hit.get("quant_format") == "exl3":
+        return True  # the usual key, without building the other candidates
+    records = (storage.get(k) for k in _storage_keys(prefix))
+    return any(isinstance(r, dict) and r.get("quant_format") == "exl3" for r in records)
+
+
 def check_linear_claims(ckpt: Checkpoint, findings: Findings) -> None:
     """Exl3Config.get_quant_method for the dense linears of a checkpoint whose experts are not
     claimed through tensor_storage (R7, rank-sliced): a linear stored as EXL3 is loaded as EXL3
-    only when the tensor_storage the runtime holds has an exl3 record for it. With a rank-sliced
-    tail that is config.json's embedded map alone (the config step returns before it would read
-    quantization_config.json); without one, the embedded map or else the file's."""
-    tail = rank_sliced_tail(ckpt.config) is not None
-    if tail:
-        emb = ckpt.embedded_quant
-        ts = emb.get("tensor_storage") if isinstance(emb, dict) else None
-        where, ptr = "config.json", "/quantization_config/tensor_storage"
-    else:
-        ts = storage_map(ckpt)
-        if not isinstance(ts, dict) or not ts:
-            return  # R7080 / EX020 say why the runtime refuses to start
-        emb = ckpt.embedded_quant
-        embedded = isinstance(emb, dict) and isinstance(emb.get("tensor_storage"), dict)
-        embedded = embedded and bool(emb["tensor_storage"])
-        where = "config.json" if embedded else "quantization_config.json"
-        ptr = "/quantization_config/tensor_storage" if embedded else "/tensor_storage"
-    ts = ts if isinstance(ts, dict) else {}
+    only when the tensor_storage the runtime holds (`runtime_storage`) has an exl3 record for
+    it."""
+    ts, where, ptr = runtime_storage(ckpt)
+    if not ts and rank_sliced_tail(ckpt.config) is None:
+        return  # R7080 / EX020 say why the runtime refuses to start
     dense = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
     unclaimed = []
     for prefix, group in sorted(group_linears(dense).items()):
-        if "trellis" not in group.parts:
-            continue
-        records = (ts.get(k) for k in _storage_keys(prefix))
-        if not any(isinstance(r, dict) and r.get("quant_format") == "exl3" for r in records):
+        if "trellis" in group.parts and not claims_linear(ts, prefix):
             unclaimed.append(group.parts["trellis"])
     for ref in unclaimed[:MAX_NAMED]:
         findings.add(
@@ -296,4 +307,11 @@ def check_conformance(
         check_r7_mixed_tail(ckpt, tail, findings)
 
 
-__all__ = ["RUNTIMES", "check_conformance", "rank_sliced_tail", "storage_map"]
+__all__ = [
+    "RUNTIMES",
+    "check_conformance",
+    "claims_linear",
+    "rank_sliced_tail",
+    "runtime_storage",
+    "storage_map",
+]

@@ -533,3 +533,35 @@ def test_a_one_element_marker_is_a_warning_and_its_value_still_checked(
     assert [(f.code, f.level) for f in hits] == [("EX010", Severity.WARNING)]
     put(name, "I32", np.array([7], dtype="<i4"))(root)
     assert "EX011" in run(root).findings.codes()
+
+
+def test_plan_and_validate_agree_on_which_dense_linears_the_runtime_claims(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    from exl3tool.actions import plan
+
+    def claimed(root: Path) -> bool:
+        got = plan.run(plan.PlanOptions(str(root), 1))
+        mods = got.claims.get(plan.TENSOR_STORAGE)
+        return mods is not None and O_PROJ in mods.modules
+
+    listed = copy(pristine["r7"], tmp_path / "listed")
+    _dense_exl3(listed, listed=True)
+    assert claimed(listed) and "EX022" not in run(listed).findings.codes()
+    # no tail, a non-empty embedded map without the linear, the linear in the file's map only:
+    # the runtime holds the embedded map and never reads the file's
+    only_file = copy(pristine["r7"], tmp_path / "file")
+    _dense_exl3(only_file, listed=True)
+    record = json.loads((only_file / "config.json").read_text())["quantization_config"]
+    record = record["tensor_storage"].pop(O_PROJ)
+
+    def move(c: dict) -> None:
+        c.pop("hybrid_tr3_tail")
+        c["quantization_config"]["tensor_storage"] = {"lm_head": {"quant_format": "exl3"}}
+
+    edit_json(only_file / "config.json", move)
+    edit_json(
+        only_file / "quantization_config.json",
+        lambda q: q.setdefault("tensor_storage", {}).update({O_PROJ: record}),
+    )
+    assert not claimed(only_file) and "EX022" in run(only_file).findings.codes()
