@@ -66,16 +66,22 @@ def cached_revisions(repo_id: str, cache: Path) -> list[str]:
     """Refs and commits of `repo_id` present in the cache, for a helpful message."""
     from huggingface_hub import scan_cache_dir
 
+    out: list[str] = []
     try:
         info = scan_cache_dir(cache)
-    except Exception:  # no cache dir, unreadable entries: the message just lists nothing
-        return []
-    out: list[str] = []
-    for repo in info.repos:
+    except Exception:  # a ref to a commit without a snapshot (an interrupted update), …
+        info = None
+    for repo in info.repos if info is not None else ():
         if repo.repo_id == repo_id and repo.repo_type == "model":
             for rev in sorted(repo.revisions, key=lambda r: r.commit_hash):
                 refs = ",".join(sorted(rev.refs))
                 out.append(f"{rev.commit_hash[:12]}" + (f" ({refs})" if refs else ""))
+    if not out:  # what the folder itself holds, when the scan could not say
+        snapshots = cache / ("models--" + repo_id.replace("/", "--")) / "snapshots"
+        try:
+            out = sorted(p.name[:12] for p in snapshots.iterdir() if p.is_dir())
+        except OSError:
+            pass
     return out
 
 
@@ -86,10 +92,15 @@ def _expand_short_commit(ref: HfRef, cache: Path) -> HfRef:
         return ref
     snapshots = cache / ("models--" + ref.repo_id.replace("/", "--")) / "snapshots"
     try:
-        hits = [p.name for p in snapshots.iterdir() if p.name.startswith(rev)]
+        hits = sorted(p.name for p in snapshots.iterdir() if p.name.startswith(rev))
     except OSError:
         return ref
-    return HfRef(ref.repo_id, hits[0]) if len(hits) == 1 else ref
+    if len(hits) > 1:
+        raise NotCached(
+            f"{ref}: the commit prefix {rev} is ambiguous in the local Hugging Face cache "
+            f"({', '.join(h[:12] for h in hits)}); give more digits"
+        )
+    return HfRef(ref.repo_id, hits[0]) if hits else ref
 
 
 def snapshot_of(ref: HfRef, cache: Path | None = None) -> Path:

@@ -4,6 +4,7 @@ into `blobs/` gets the verdicts and identities of a plain copy, by path and by `
 from __future__ import annotations
 
 import json
+import shutil
 import re
 from pathlib import Path
 
@@ -51,6 +52,33 @@ def test_every_snapshot_file_is_a_link_into_blobs(hub: Path) -> None:
         assert files and all(f.is_symlink() for f in files)
         assert blob_root(snap) == hub / f"models--org--{name}" / "blobs"
     assert blob_root(hub.parent / "plain" / "r7-tiny") is None
+
+
+@pytest.fixture
+def own_cache(hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the shared cache that a test may change."""
+    mine = tmp_path / "hub"
+    shutil.copytree(hub, mine, symlinks=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(mine))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return mine
+
+
+def test_an_ambiguous_commit_prefix_is_said(own_cache: Path) -> None:
+    snap = snapshot(own_cache, "r7-tiny")
+    twin = snap.parent / (COMMIT[:8] + "0" * 32)
+    shutil.copytree(snap, twin, symlinks=True)
+    with pytest.raises(NotCached, match="ambiguous"):
+        resolve_artifact(f"org/r7-tiny@{COMMIT[:8]}")
+    assert resolve_artifact(f"org/r7-tiny@{COMMIT[:10]}") == snap  # enough digits: one
+
+
+def test_a_ref_to_a_missing_snapshot_lists_the_snapshots_there(own_cache: Path) -> None:
+    ref = own_cache / "models--org--r7-tiny" / "refs" / "main"
+    ref.write_text("a" * 40)  # an interrupted update: main moved, its snapshot never came
+    with pytest.raises(NotCached) as exc:
+        resolve_artifact("org/r7-tiny")
+    assert COMMIT[:12] in str(exc.value) and "nothing of it is cached" not in str(exc.value)
 
 
 @pytest.mark.parametrize("name", NAMES)
