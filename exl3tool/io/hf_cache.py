@@ -10,6 +10,7 @@ directory so that readers accept such links as files (`io.paths.link_target`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -78,10 +79,8 @@ def cached_revisions(repo_id: str, cache: Path) -> list[str]:
                 out.append(f"{rev.commit_hash[:12]}" + (f" ({refs})" if refs else ""))
     if not out:  # what the folder itself holds, when the scan could not say
         snapshots = cache / ("models--" + repo_id.replace("/", "--")) / "snapshots"
-        try:
+        with contextlib.suppress(OSError):
             out = sorted(p.name[:12] for p in snapshots.iterdir() if p.is_dir())
-        except OSError:
-            pass
     return out
 
 

@@ -4,8 +4,8 @@ into `blobs/` gets the verdicts and identities of a plain copy, by path and by `
 from __future__ import annotations
 
 import json
-import shutil
 import re
+import shutil
 from pathlib import Path
 
 import pytest
