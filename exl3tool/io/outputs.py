@@ -84,15 +84,20 @@ def _folders_of(path: Path) -> set[tuple[int, int]]:
     return out
 
 
-MAX_SCANNED = 100_000  # entries of an input folder looked at for links to the output
+MAX_SCANNED = 20_000  # entries of an input folder looked at for links to the output
+MAX_DEPTH = 2  # folder levels below it (a snapshot keeps its files at the top or one level in)
 
 
 def _linked_files(folder: Path) -> set[tuple[int, int]]:
     """The identity of every file an input folder links to (a Hugging Face snapshot links each
-    of its files into the cache's blobs/), at most MAX_SCANNED entries looked at."""
+    of its files into the cache's blobs/), at most MAX_SCANNED entries and MAX_DEPTH levels
+    looked at (a shard given as a file may lie in a large folder)."""
     out: set[tuple[int, int]] = set()
     seen = 0
+    top = len(Path(folder).parts)
     for dirpath, dirs, names in os.walk(folder):
+        if len(Path(dirpath).parts) - top >= MAX_DEPTH:
+            dirs[:] = []
         for name in names:
             seen += 1
             if seen > MAX_SCANNED:
