@@ -19,7 +19,7 @@ from exl3tool.formats.r7 import MARKER, Block, R7Payload, layer_shard
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.io.views import TensorReader
 from exl3tool.rules import r7 as r7
-from exl3tool.rules.registry import Findings
+from exl3tool.rules.registry import Findings, Severity
 
 MAX_MISSING = 20
 SHARED_VECTORS = ("gate_up_suh", "down_svh")
@@ -331,11 +331,18 @@ def _check_expert_vectors(
             )
     extra = parts.get(shared)
     if extra is not None:
+        vector = f"r7_shared.{'down_svh' if down else 'gate_up_suh'}"
+        # The runtime loads the shared vectors as expert 0's (gate_up_suh as experts.0.gate_proj
+        # .suh, aliased to up; down_svh as experts.0.down_proj.svh): expert 0's own copy takes
+        # that place, and every expert's projection is served with it, with no error.
+        first = slot.expert == 0
+        why = f": the runtime loads {vector} in this tensor's place, so this one would replace it"
         ctx.findings.add(
             r7.R7_UNEXPECTED_VECTOR,
-            f"per-expert {shared}; R7 uses r7_shared.{'down_svh' if down else 'gate_up_suh'}",
+            f"per-expert {shared}; R7 uses {vector}" + (f"{why} for every expert" if first else ""),
             file=extra.file,
             tensor=extra.name,
+            severity=Severity.ERROR if first else None,
         )
 
 

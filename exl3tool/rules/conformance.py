@@ -262,11 +262,12 @@ RULE_OUTCOME = MappingProxyType(
         "CK005": _C, "CK006": _C, "CK007": _S, "CK008": _C, "CK010": _C,
         "EX013": _S,  # NaN rotations serve NaN
         "EX014": _C, "EX023": _C, "EX024": _C, "EX026": _C, "EX027": _C,
-        "R7006": _C, "R7010": _C, "R7012": _C, "R7029": _C, "R7030": _C, "R7032": _C,
+        "R7006": _C, "R7010": _C, "R7012": _C, "R7030": _C, "R7032": _C,
         "R7033": _C, "R7034": _C, "R7040": _C, "R7041": _C, "R7042": _C, "R7043": _C,
         "R7044": _C, "R7047": _C, "R7048": _C, "R7049": _C, "R7050": _C, "R7052": _C,
         "R7053": _C, "R7054": _C, "R7060": _C,
         "R7045": _S, "R7046": _S, "R7051": _S,  # bytes differ from what the producer sealed
+        "R7029": _S,  # expert 0's own hidden-side vector takes the shared one's place
         "RS007": _C,  # ranks >= tp are dropped, never loaded
         "RS012": _S,  # ranks would serve different replicated weights
         "MB001": _C, "MB002": _C, "MB005": _C, "MB013": _C, "MB014": _C, "MB015": _C,

@@ -161,7 +161,9 @@ R7_UNEXPECTED_VECTOR = rule(
     "unexpected-expert-vector",
     W,
     "Per-expert hidden-side vector in an R7 layer",
-    "R7 layers have no per-expert gate/up suh or down svh; the loader uses r7_shared (§3.1).",
+    "R7 layers have no per-expert gate/up suh or down svh; the loader uses r7_shared (§3.1). "
+    "Expert 0's copy is an error: the runtime loads the r7_shared vectors in its place, so it "
+    "would be served for every expert's projection.",
     "Drop the tensor or move it to r7_shared.",
 )
 R7_TIER = rule(

@@ -166,7 +166,7 @@ CASES = [
     Case("EX013", "r7", nonfinite("model.layers.2.mlp.experts.r7_shared.down_svh"), id="shared"),
     Case("R7027", "r7", put(f"{E0}.gate_proj.svh", "F16", f16(64))),
     Case("R7028", "r7", drop("model.layers.1.mlp.experts.r7_shared.gate_up_suh")),
-    Case("R7029", "r7", put(f"{E0}.gate_proj.suh", "F16", f16(128), L1)),
+    Case("R7029", "r7", put("model.layers.1.mlp.experts.1.gate_proj.suh", "F16", f16(128), L1)),
     Case(
         "R7031",
         "r7",
@@ -565,3 +565,17 @@ def test_plan_and_validate_agree_on_which_dense_linears_the_runtime_claims(
         lambda q: q.setdefault("tensor_storage", {}).update({O_PROJ: record}),
     )
     assert not claimed(only_file) and "EX022" in run(only_file).findings.codes()
+
+
+@pytest.mark.parametrize(
+    ("proj", "field"), [("gate_proj", "suh"), ("up_proj", "suh"), ("down_proj", "svh")]
+)
+def test_expert_0s_own_hidden_side_vector_is_an_error(
+    pristine: dict[str, Path], tmp_path: Path, proj: str, field: str
+) -> None:
+    # the runtime loads r7_shared.gate_up_suh / down_svh as expert 0's: its own copy would be
+    # served for every expert
+    root = copy(pristine["r7"], tmp_path / "ckpt")
+    put(f"{E0}.{proj}.{field}", "F16", f16(128), L1)(root)
+    (f,) = [f for f in run(root).findings if f.code == "R7029"]
+    assert f.level is Severity.ERROR and "every expert" in f.message
