@@ -250,3 +250,17 @@ def test_a_link_to_a_folder_in_place_of_a_shard_says_so(tmp_path: Path) -> None:
     _ref, findings = validate_path(art, ValidateOptions())
     (f,) = [f for f in findings if f.code == "CK003"]
     assert "not a regular file" in f.message
+
+
+@pytest.mark.parametrize("how", ["absent", "cut"])
+def test_a_lost_base_shard_is_the_only_finding(tmp_path: Path, how: str) -> None:
+    # a half-downloaded base: its layers are not "uncovered", its shard is missing
+    base = tmp_path / "base"
+    shutil.copytree(EXAMPLES / "msrt-base-tiny", base)
+    shard = base / "model-layer-004.safetensors"
+    if how == "absent":
+        shard.unlink()
+    else:
+        os.truncate(shard, shard.stat().st_size // 2)
+    _ref, findings = validate_path(base, ValidateOptions())
+    assert [f.code for f in findings.errors()] == ["CK003" if how == "absent" else "ST016"]
