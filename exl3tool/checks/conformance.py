@@ -293,10 +293,11 @@ def check_conformance(
     ckpt: Checkpoint, kind: Kind, findings: Findings, options: ValidateOptions
 ) -> None:
     """Every runtime-conformance check that applies to a checkpoint of `kind`."""
-    # the storage claim reads config.json's tail too: unparseable, its JSON finding is the cause
-    if kind in (Kind.R7, Kind.EXL3) and "config.json" not in ckpt.rejected_files:
+    # both read config.json's tail: missing or unusable, its own finding is the cause
+    usable = ckpt.config is not None and "config.json" not in ckpt.rejected_files
+    if kind in (Kind.R7, Kind.EXL3) and usable:
         check_storage_claim(ckpt, kind, findings)
-    if kind in (Kind.R7, Kind.RANK_SLICED) and "config.json" not in ckpt.rejected_files:
+    if kind in (Kind.R7, Kind.RANK_SLICED) and usable:
         check_linear_claims(ckpt, findings)  # a plain EXL3 checkpoint: EX022 in its family
     if kind is not Kind.MSRT_BASE:  # the base profile's component rule (MB007) covers it
         check_expert_namespace(ckpt, findings)

@@ -264,3 +264,14 @@ def test_a_lost_base_shard_is_the_only_finding(tmp_path: Path, how: str) -> None
         os.truncate(shard, shard.stat().st_size // 2)
     _ref, findings = validate_path(base, ValidateOptions())
     assert [f.code for f in findings.errors()] == ["CK003" if how == "absent" else "ST016"]
+
+
+@pytest.mark.parametrize("how", ["absent", "dangling"])
+def test_a_lost_config_of_an_r7_checkpoint_is_the_only_error(tmp_path: Path, how: str) -> None:
+    art = tmp_path / "r7"
+    shutil.copytree(EXAMPLES / "r7-tiny", art)
+    (art / "config.json").unlink()
+    if how == "dangling":  # a snapshot whose config blob never came
+        (art / "config.json").symlink_to(tmp_path / "never-fetched")
+    _ref, findings = validate_path(art, ValidateOptions())
+    assert [f.code for f in findings.errors()] == ["CK001"]
