@@ -55,10 +55,7 @@ class _QuietStderr:
             self._gone()
 
     def _gone(self) -> None:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
+        _to_devnull(self._stream)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -72,8 +69,14 @@ def flush() -> None:
 def reader_gone() -> int:
     """The exit code when stdout's reader went away (EPIPE); later writes go nowhere, so the
     interpreter's own flush at exit cannot fail again."""
+    _to_devnull(sys.stdout)
+    return EPIPE_EXIT
+
+
+def _to_devnull(stream: Any) -> None:
+    """Point the file descriptor under `stream` at /dev/null: what is still buffered, and
+    every later write, goes nowhere without an error."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, stream.fileno())
         os.close(devnull)
-    return EPIPE_EXIT
