@@ -14,7 +14,7 @@ from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.detect import Kind
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.names import ExpertPrefixes
-from exl3tool.formats.tail import config_tail
+from exl3tool.formats.tail import config_tail, layer_range
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules import exl3 as ex
@@ -41,23 +41,13 @@ def rank_sliced_tail(config: Any) -> dict[str, Any] | None:
     return dict(tail.raw) if tail is not None and tail.is_rank_sliced_format else None
 
 
-def storage_map(ckpt: Checkpoint) -> Any:
-    """The tensor_storage the runtime ends up with: the embedded one, else the file's."""
-    emb = ckpt.embedded_quant
-    ts = emb.get("tensor_storage") if isinstance(emb, dict) else None
-    if isinstance(ts, dict) and ts:
-        return ts
-    qc = ckpt.quant_config
-    return qc.get("tensor_storage") if isinstance(qc, dict) else None
-
-
 def check_storage_claim(ckpt: Checkpoint, kind: Kind, findings: Findings) -> None:
     """Exl3Config.maybe_update_config / _validate_storage_metadata: without a rank-sliced tail
     the runtime needs a non-empty tensor_storage holding at least one EXL3 record."""
     if rank_sliced_tail(ckpt.config) is not None or ckpt.single_file is not None:
         return
-    ts = storage_map(ckpt)
-    if not isinstance(ts, dict) or not ts:
+    ts = runtime_storage(ckpt)[0]
+    if not ts:
         if kind is Kind.R7:  # a plain EXL3 checkpoint gets EX020 from its family check
             findings.add(
                 r7.R7_STORAGE_REQUIRED,
@@ -253,12 +243,6 @@ def _is_mixed(bits: Any) -> bool:
     return isinstance(bits, str) and bits.strip().lower() == "mixed"
 
 
-def _int_range(v: Any) -> tuple[int, int] | None:
-    if isinstance(v, list) and len(v) == 2 and all(map(is_json_int, v)) and v[0] <= v[1]:
-        return v[0], v[1]
-    return None
-
-
 def check_r7_mixed_tail(ckpt: Checkpoint, tail: dict[str, Any], findings: Findings) -> None:
     """Exl3MoEMethod.create_weights with a carried tail: every EXL3 MoE layer, the R7 ones
     too, takes its bitrates from Exl3Config.rank_sliced_layer_bitrates, which for mixed bits
@@ -267,10 +251,10 @@ def check_r7_mixed_tail(ckpt: Checkpoint, tail: dict[str, Any], findings: Findin
         return
     emb = ckpt.embedded_quant
     block = emb.get("r7_routed_experts") if isinstance(emb, dict) else None
-    moe = _int_range(block.get("moe_layers")) if isinstance(block, dict) else None
+    moe = layer_range(block.get("moe_layers")) if isinstance(block, dict) else None
     if moe is None:
         return  # the R7 block's own rules report it
-    covered = _int_range(tail.get("moe_layers"))
+    covered = layer_range(tail.get("moe_layers"))
     outside = [
         layer
         for layer in (moe[0], moe[1], (covered or (0, -1))[1] + 1)
@@ -314,5 +298,4 @@ __all__ = [
     "claims_linear",
     "rank_sliced_tail",
     "runtime_storage",
-    "storage_map",
 ]
