@@ -106,11 +106,9 @@ def run(opts: Options) -> SliceResult:
     assert opts.tp is not None and opts.path is not None
     path = resolve_input(opts.path)
     if not opts.dry_run:  # before any work: an output that may not be written (io/outputs)
-        from exl3tool.io.outputs import check_apart, check_target
+        from exl3tool.io.outputs import check_output_place
 
-        out_dir = Path(opts.output).absolute()
-        check_apart(out_dir, (path,), directory=True)
-        check_target(out_dir, opts.force, directory=True)
+        check_output_place(Path(opts.output).absolute(), opts.force, (path,), directory=True)
     tp_opts = SliceOptions(
         opts.tp, opts.mode, opts.layout, shard, opts.force, opts.verify, opts.threads, opts.sha256
     )

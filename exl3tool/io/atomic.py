@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from exl3tool.io.outputs import check_apart, check_target
+from exl3tool.io.outputs import check_apart, check_output_place, check_target
 from exl3tool.rules.errors import OutputError, interrupts_deferred
 
 
@@ -62,11 +62,16 @@ def _cannot_write(target: Path, exc: OSError) -> OutputError:
     return OutputError(f"{target}: cannot write: {exc.strerror or exc}")
 
 
-def _write_error(exc: BaseException, target: Path) -> BaseException:
-    """`exc` as an OutputError naming `target` when it is a write's failure, else itself."""
-    if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
-        return _cannot_write(target, exc)
-    return exc
+@contextlib.contextmanager
+def _as_output_error(target: Path) -> Iterator[None]:
+    """A write's failure in the block (disk full, read-only) as an OutputError naming `target`;
+    any other error as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _WRITE_ERRNOS:
+            raise
+        raise _cannot_write(target, exc) from exc
 
 
 def _lock_dir(path: Path, *, wait: bool = True, directory: bool = True) -> int | None:
@@ -302,21 +307,19 @@ def atomic_dir(
     """Yield a temporary directory that becomes `target` when the block succeeds (mode 0777
     less the umask, as mkdir makes it; never near `inputs`: io/outputs)."""
     target = Path(target).absolute()
-    check_apart(target, inputs, directory=True)
-    check_target(target, force, directory=True)
+    check_output_place(target, force, inputs, directory=True)
     remove_stale_temps(target)  # a killed run's leftovers (GBs, maybe); never a live run's
     tmp, lock = _temp_dir(target, "tmp")
     try:
-        yield tmp
-        fsync_tree(tmp)
-        check_apart(target, inputs, directory=True)  # a link may have moved meanwhile
-        _publish(tmp, target, force)
-    except BaseException as exc:
-        remove_tree(tmp)
-        mapped = _write_error(exc, target)
-        if mapped is exc:
-            raise
-        raise mapped from exc
+        with _as_output_error(target):
+            try:
+                yield tmp
+                fsync_tree(tmp)
+                check_apart(target, inputs, directory=True)  # a link may have moved meanwhile
+                _publish(tmp, target, force)
+            except BaseException:
+                remove_tree(tmp)
+                raise
     finally:
         _unlock(lock)
 
@@ -328,8 +331,7 @@ def atomic_file(
     """Yield a file object whose content becomes `target` when the block succeeds (never near
     `inputs`: io/outputs)."""
     target = Path(target).absolute()
-    check_apart(target, inputs, directory=False)
-    check_target(target, force, directory=False)
+    check_output_place(target, force, inputs, directory=False)
     remove_stale_temps(target)  # a killed run's leftover files; never a live run's
     try:
         fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
@@ -338,24 +340,23 @@ def atomic_file(
     tmp = Path(name)
     held = -1  # a second descriptor whose flock `remove_stale_temps` sees until it is published
     try:
-        if sys.platform != "win32":
-            import fcntl
+        with _as_output_error(target):
+            try:
+                if sys.platform != "win32":
+                    import fcntl
 
-            held = os.dup(fd)
-            fcntl.flock(held, fcntl.LOCK_EX)
-        with os.fdopen(fd, mode) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        _publish(tmp, target, force)
-    except BaseException as exc:
-        with interrupts_deferred(), contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        mapped = _write_error(exc, target)
-        if mapped is exc:
-            raise
-        raise mapped from exc
+                    held = os.dup(fd)
+                    fcntl.flock(held, fcntl.LOCK_EX)
+                with os.fdopen(fd, mode) as fh:
+                    yield fh
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.chmod(tmp, 0o644)
+                _publish(tmp, target, force)
+            except BaseException:
+                with interrupts_deferred(), contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+                raise
     finally:
         if held >= 0:
             os.close(held)

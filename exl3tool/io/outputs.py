@@ -156,3 +156,12 @@ def check_apart(target: Path, inputs: Iterable[str | Path], *, directory: bool) 
             raise OutputError(
                 f"{target} would replace a file of the input {item}; write the output elsewhere"
             )
+
+
+def check_output_place(
+    target: Path, force: bool, inputs: Iterable[str | Path], *, directory: bool
+) -> None:
+    """Both checks an output gets before any work: apart from every input (`check_apart`),
+    and writable at its path (`check_target`)."""
+    check_apart(target, inputs, directory=directory)
+    check_target(target, force, directory=directory)

@@ -36,10 +36,9 @@ def check_output(output: Path | None, force: bool, inputs: Iterable[str | Path] 
     or that could destroy or change one of `inputs` (io/outputs)."""
     if output is None:
         return
-    from exl3tool.io.outputs import check_apart, check_target
+    from exl3tool.io.outputs import check_output_place
 
-    check_apart(Path(output), inputs, directory=False)
-    check_target(Path(output), force, directory=False)
+    check_output_place(Path(output), force, inputs, directory=False)
 
 
 def write_output(output: Path | None, text: str | Iterable[str], *, force: bool = False) -> None:

@@ -39,7 +39,7 @@ from exl3tool.formats.cartridge import Cartridge, ShardEntry, load_cartridge
 from exl3tool.formats.cartridge_tables import TablesError, materialize_tables, max_residual_bits
 from exl3tool.identity.engine import new_hasher
 from exl3tool.io.atomic import atomic_dir, remove_stale_temps
-from exl3tool.io.outputs import check_apart, check_target
+from exl3tool.io.outputs import check_output_place
 from exl3tool.io.paths import PathViolation, open_inside
 from exl3tool.io.safetensors import FileStamp
 from exl3tool.io.workers import Background, map_threads
@@ -471,8 +471,7 @@ def stage_cartridge(
     out = Path(out).absolute()
     if tp is not None and tp < 1:
         raise UsageError("--tp must be >= 1")
-    check_apart(out, (adapter, base), directory=True)
-    check_target(out, force, directory=True)
+    check_output_place(out, force, (adapter, base), directory=True)
     remove_stale_temps(out)  # a killed run's leftovers; never a live run's
     findings = Findings()
     src = load_cartridge(Path(adapter), findings, links="any")
