@@ -57,19 +57,9 @@ def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            result = fn(*args, **kwargs)
-            sys.stdout.flush()  # a reader that has gone is noticed here, not at exit
-            return result
+            return fn(*args, **kwargs)
         except BrokenPipeError:
-            from exl3tool.cli.streams import reader_gone
-
-            raise typer.Exit(reader_gone()) from None
-        except SystemExit as exc:  # rich ends the process with 1 when stdout's reader has gone
-            if not isinstance(exc.__context__, BrokenPipeError):
-                raise
-            from exl3tool.cli.streams import reader_gone
-
-            raise typer.Exit(reader_gone()) from None
+            raise  # stdout's reader has gone: the entry point's exit 141 (cli/streams)
         except (Exl3ToolError, KeyboardInterrupt, Interrupted, OSError) as exc:
             from exl3tool.actions import errors
 

@@ -37,19 +37,9 @@ def error_code(exc: BaseException) -> int:
 def guarded(fn: Callable[..., int], /, *args: Any, **kwargs: Any) -> int:
     """`fn`'s exit code, or that of the user-facing error or signal it raised."""
     try:
-        code = fn(*args, **kwargs)
-        sys.stdout.flush()  # a reader that has gone is noticed here, not at exit
-        return code
+        return fn(*args, **kwargs)
     except BrokenPipeError:
-        from exl3tool.cli.streams import reader_gone
-
-        return reader_gone()
-    except SystemExit as exc:  # rich ends the process with 1 when stdout's reader has gone
-        if not isinstance(exc.__context__, BrokenPipeError):
-            raise
-        from exl3tool.cli.streams import reader_gone
-
-        return reader_gone()
+        raise  # stdout's reader has gone: the entry point's exit 141 (cli/streams)
     except (Exl3ToolError, KeyboardInterrupt, Interrupted, OSError) as exc:
         return error_code(exc)
 
