@@ -48,13 +48,10 @@ def check_tensors(
     # A shard that could not be read (absent, cut, not safetensors) hides its tensors: its own
     # finding is the root cause, and what its absence makes "incomplete" or "uncovered" here
     # would only repeat it with the wrong advice (regenerate the configs).
-    lost = bool(ckpt.damaged_shards or ckpt.rejected_tensors) or any(
-        f.endswith(".safetensors") for f in ckpt.rejected_files
-    )
-    if not lost:
+    if not ckpt.incomplete:
         _check_complete(comps, seen, findings)
     _check_uniform_k(seen, k, findings)
-    if not lost:
+    if not ckpt.incomplete:
         _check_layer_fields(tail, sorted(seen.layers), findings)
     epl = tail.get("experts_per_layer")
     experts = epl if type(epl) is int else n_experts

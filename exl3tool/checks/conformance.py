@@ -278,7 +278,7 @@ def check_conformance(
 ) -> None:
     """Every runtime-conformance check that applies to a checkpoint of `kind`."""
     # both read config.json's tail: missing or unusable, its own finding is the cause
-    usable = ckpt.config is not None and "config.json" not in ckpt.rejected_files
+    usable = "config.json" not in ckpt.rejected_files
     if kind in (Kind.R7, Kind.EXL3) and usable:
         check_storage_claim(ckpt, kind, findings)
     if kind in (Kind.R7, Kind.RANK_SLICED) and usable:

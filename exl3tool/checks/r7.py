@@ -152,12 +152,10 @@ def check_r7(
         return payload
     block = check_block(qc["r7_routed_experts"], file, base + "/r7_routed_experts", findings)
     count = expert_count(config)
-    # without a usable config.json (CK001 says so) its fields are not reported one by one
-    said = findings if ckpt.config is not None else Findings()
     if count is None:
-        report_missing_expert_count(said)
+        report_missing_expert_count(findings)
     n_exp = count[1] if count is not None else None
-    hidden, inter = _sizes(config, said)
+    hidden, inter = _sizes(config, findings)
     table = expert_table(ckpt.tensors)
     raw = raw_tail(config)
     tail = parse_tail(raw)

@@ -54,13 +54,11 @@ def check_checkpoint_manifest(
 def _listed_files(ckpt: Checkpoint, files: dict, findings: Findings) -> dict[str, str]:
     """files_sha256 entries that name an existing file by a safe path and give a sha256."""
     good: dict[str, str] = {}
-    # files the loader already said are missing or unusable (CK001, CK003): not again here
-    reported = set(ckpt.rejected_files) | ({"config.json"} if ckpt.config is None else set())
     for rel, declared in files.items():
         ptr = pointer_join("/files_sha256", rel)
         problem = relative_path_problem(rel) if isinstance(rel, str) else "not a string"
-        if not problem and rel in reported:
-            continue
+        if not problem and rel in ckpt.rejected_files:
+            continue  # the loader said it is missing or unusable (CK001, CK003)
         if problem or not (ckpt.root / rel).is_file():
             findings.add(
                 r7.R7_FILES_LIST, f"{rel!r}: {problem or 'no such file'}", file=MF, pointer=ptr

@@ -194,6 +194,7 @@ def _load_checkpoint(path: Path, findings: Findings, need_config: bool) -> Check
         ckpt.config = _read_json(ckpt, "config.json", findings)
     if ckpt.config is None and need_config and "config.json" not in ckpt.rejected_files:
         findings.add(ck.CK_CONFIG, "config.json is missing or unusable", file="config.json")
+        ckpt.rejected_files.add("config.json")  # what only repeats this is dropped
     if present(ckpt, "quantization_config.json", findings):
         ckpt.quant_config = _read_json(ckpt, "quantization_config.json", findings)
     if present(ckpt, INDEX_NAME, findings):
