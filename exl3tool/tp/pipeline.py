@@ -31,7 +31,7 @@ class _Pool(Generic[B]):
         # the consumers only (with one queue, every release woke every waiting consumer too).
         lock = threading.Lock()
         self._space = threading.Condition(lock)  # the reader waits here for a free buffer
-        self._cond = threading.Condition(lock)  # consumers wait here for the next block
+        self._published = threading.Condition(lock)  # consumers wait here for the next block
         self._free = [np.empty(size, dtype=np.uint8) for _ in range(depth)]
         self._ready: dict[int, list] = {}  # block index -> [block, buffer, consumers left]
         self._count: int | None = None  # blocks in all, once the reader has seen the last
@@ -46,27 +46,27 @@ class _Pool(Generic[B]):
             return None if self.failed else self._free.pop()
 
     def publish(self, b: int, block: B, buf: np.ndarray) -> None:
-        with self._cond:
+        with self._published:
             self._ready[b] = [block, buf, self._consumers]
-            self._cond.notify_all()
+            self._published.notify_all()
 
     def end(self, count: int) -> None:
-        with self._cond:
+        with self._published:
             self._count = count
-            self._cond.notify_all()
+            self._published.notify_all()
 
     def get(self, b: int) -> tuple[B, np.ndarray] | None:
         """Block `b` and its buffer; None after the last block, or once a thread failed."""
-        with self._cond:
+        with self._published:
             while not self.failed and b not in self._ready and self._count is None:
-                self._cond.wait()
+                self._published.wait()
             if self.failed or b not in self._ready:
                 return None
             entry = self._ready[b]
             return entry[0], entry[1]
 
     def release(self, b: int) -> None:
-        with self._cond:
+        with self._published:
             entry = self._ready[b]
             entry[2] -= 1
             if entry[2] == 0:
@@ -76,9 +76,9 @@ class _Pool(Generic[B]):
                 self._space.notify()
 
     def fail(self) -> None:
-        with self._cond:
+        with self._published:
             self.failed = True
-            self._cond.notify_all()
+            self._published.notify_all()
             self._space.notify_all()
 
 
