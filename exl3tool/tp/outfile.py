@@ -10,8 +10,9 @@ whose writeback is started every `writeback` bytes. Durability stays with the ca
 publisher fsyncs every file (io/atomic.py).
 
 An O_DIRECT write returns only when the device has the data, so a stream's stages are written
-by a thread of their own (`Stages`): the stream gathers and hashes the next stage while the
-last one is on its way to the disk (writes in submission order, one at a time per stream).
+by threads of their own (`Stages`): the stream gathers and hashes the next stage while earlier
+ones are on their way to the disk. Each stage is written at its own offset (`pwrite`), so
+`writers` threads can keep that many writes of one stream in flight.
 """
 
 from __future__ import annotations
@@ -61,19 +62,22 @@ def _set_direct(fd: int, on: bool) -> bool:
 
 class Stages:
     """A stream's page-aligned stage buffers (`size` bytes, at most `depth`, made when first
-    needed) and the one thread that writes the full ones, in submission order. `depth` 1:
-    every write runs in the caller's thread. The first error of a write is raised by the next
-    `take`, `submit` or `drain`; the writes after it are skipped (their buffers come back)."""
+    needed) and the `writers` threads that write the full ones, in submission order (with one
+    writer, one at a time). `depth` 1: every write runs in the caller's thread. The first error
+    of a write is raised by the next `take`, `submit` or `drain`; the writes that start after it
+    are skipped (their buffers come back)."""
 
-    def __init__(self, size: int, depth: int = 2) -> None:
+    def __init__(self, size: int, depth: int = 2, writers: int = 1) -> None:
         self.size = size
         self._depth = max(1, depth)
+        self._writers = max(1, min(writers, self._depth - 1)) if self._depth > 1 else 0
         self._made = 0
         self._free: list[np.ndarray] = []
         self._jobs: deque[tuple[np.ndarray, Callable[..., None], tuple[Any, ...]]] = deque()
+        self._busy = 0  # jobs taken by a writer and not yet ended
         self._cond = threading.Condition()
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._closed = False
 
     def take(self) -> np.ndarray:
@@ -97,7 +101,7 @@ class Stages:
 
     def submit(self, buf: np.ndarray, fn: Callable[..., None], *args: Any) -> None:
         """Run `fn(*args)` (a write of bytes held in `buf`), then free `buf`."""
-        if self._depth == 1:
+        if not self._writers:
             try:
                 self._raise()
                 fn(*args)
@@ -107,11 +111,10 @@ class Stages:
         with self._cond:
             self._raise()
             self._jobs.append((buf, fn, args))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="exl3slice-write", daemon=True
-                )
-                self._thread.start()
+            if len(self._threads) < min(self._writers, len(self._jobs) + self._busy):
+                t = threading.Thread(target=self._run, name="exl3slice-write", daemon=True)
+                self._threads.append(t)
+                t.start()
             self._cond.notify_all()
 
     def _run(self) -> None:
@@ -121,16 +124,18 @@ class Stages:
                     self._cond.wait()
                 if not self._jobs:
                     return
-                buf, fn, args = self._jobs[0]
+                buf, fn, args = self._jobs.popleft()
+                self._busy += 1
                 failed = self._error is not None
             try:
                 if not failed:
                     fn(*args)
             except BaseException as exc:
                 with self._cond:
-                    self._error = exc
+                    if self._error is None:
+                        self._error = exc
             with self._cond:
-                self._jobs.popleft()
+                self._busy -= 1
                 self._free.append(buf)
                 self._cond.notify_all()
 
@@ -141,19 +146,19 @@ class Stages:
     def drain(self, *, check: bool = True) -> None:
         """Wait until every submitted write has ended; its first error raised with `check`."""
         with self._cond:
-            while self._jobs:
+            while self._jobs or self._busy:
                 self._cond.wait()
             if check:
                 self._raise()
 
     def close(self) -> None:
-        """Stop the writing thread once the writes submitted have ended (errors not raised)."""
+        """Stop the writing threads once the writes submitted have ended (errors not raised)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        for t in self._threads:
+            t.join()
+        self._threads = []
 
 
 class StagedFile:
@@ -183,8 +188,11 @@ class StagedFile:
         self._kick = kick
         self._every = writeback
         self._pos = 0  # bytes in the stage
-        self.size = 0  # bytes written (by the writing thread until `close` returns)
-        self._kicked = 0
+        self._queued = 0  # bytes handed to the writers: the next stage's offset
+        self.size = 0  # bytes written (by the writing threads until `close` returns)
+        self._lock = threading.Lock()  # the writers' shared state below
+        self._buffered = 0  # bytes written through the page cache
+        self._kicked = 0  # of those, when writeback was last started
 
     def put(self, data: memoryview | bytes) -> None:
         n = len(data)
@@ -228,63 +236,88 @@ class StagedFile:
             if self._pos == len(stage):
                 self._flush()
 
-    def _hashed(self) -> tuple[np.ndarray, memoryview]:
-        """The current stage and its bytes, hashed; the stage is no longer this file's to fill."""
+    def _hashed(self) -> tuple[np.ndarray, memoryview, int]:
+        """The current stage, its bytes (hashed) and their offset in the file; the stage is no
+        longer this file's to fill."""
         stage = self._stage
         assert stage is not None
         data = memoryview(stage)[: self._pos]
         for h in self._hashers:
             h.update(data)
+        offset = self._queued
+        self._queued += self._pos
         self._stage, self._pos = None, 0
-        return stage, data
+        return stage, data, offset
 
     def _flush(self) -> None:
-        """Hash the full stage (whole ALIGN blocks), hand it to the writer, take the next."""
-        stage, data = self._hashed()
-        self._stages.submit(stage, self._write, data)
+        """Hash the full stage (whole ALIGN blocks), hand it to the writers, take the next."""
+        stage, data, offset = self._hashed()
+        self._stages.submit(stage, self._write, data, offset)
         self._stage = self._stages.take()
 
-    def _write(self, data: memoryview) -> None:
+    def _write(self, data: memoryview, offset: int) -> None:
+        """Write `data` at `offset` (in a writer thread; other stages of this file may be
+        written at the same time)."""
         fd = self._fd
         assert fd is not None
         while len(data):
+            direct = self._direct
             try:
-                n = os.write(fd, data if self._direct else data[:BUFFERED_WRITE])
+                n = os.pwrite(fd, data if direct else data[:BUFFERED_WRITE], offset)
             except OSError as exc:  # O_DIRECT refused after all: through the page cache
-                if not (self._direct and exc.errno == errno.EINVAL):
+                if not (direct and exc.errno == errno.EINVAL):
                     raise
-                self._direct = not _set_direct(fd, False)
-                if self._direct:
-                    raise
+                self._direct_off()
                 continue
             data = data[n:]
-            self.size += n
-            if len(data) and self._direct:  # a short direct write: the rest unaligned
-                self._direct = not _set_direct(fd, False)
-        if not self._direct and self.size - self._kicked >= self._every:
-            self._kick(fd, self._kicked, self.size - self._kicked)
-            self._kicked = self.size
+            offset += n
+            if len(data) and direct:  # a short direct write: the rest unaligned
+                self._direct_off()
+            self._written(n, buffered=not direct)
 
-    def _write_last(self, data: memoryview) -> None:
-        """The whole ALIGN blocks as usual, the partial one through the page cache."""
-        head = len(data) // ALIGN * ALIGN
-        if head:
-            self._write(data[:head])
-        if len(data) > head:
+    def _direct_off(self) -> None:
+        """Write through the page cache from now on (every writer of this file)."""
+        with self._lock:
+            if self._direct and _set_direct(self._fd, False):  # type: ignore[arg-type]
+                self._direct = False
             if self._direct:
-                self._direct = not _set_direct(self._fd, False)  # type: ignore[arg-type]
-            self._write(data[head:])
-        if self.size > self._kicked:
-            self._kick(self._fd, self._kicked, self.size - self._kicked)  # type: ignore[arg-type]
-            self._kicked = self.size
+                raise OSError(errno.EINVAL, "O_DIRECT cannot be turned off")
+
+    def _written(self, n: int, buffered: bool) -> None:
+        """Count `n` bytes written; start writeback of every `writeback` bytes written through
+        the page cache."""
+        with self._lock:
+            self.size += n
+            if buffered:
+                self._buffered += n
+                if self._buffered - self._kicked >= self._every:
+                    self._kick_rest()
+
+    def _kick_rest(self) -> None:
+        # writes land at their own offsets, so this starts writeback of the whole file so far
+        # (sync_file_range with nbytes 0: up to its end); pages already clean cost nothing
+        self._kick(self._fd, 0, 0)  # type: ignore[arg-type]
+        self._kicked = self._buffered
 
     def close(self) -> None:
-        """Write what is staged, wait for every write of this file, and close it."""
+        """Write what is staged once every earlier write has ended (the partial last block
+        goes through the page cache, which turns O_DIRECT off for the file), and close it."""
         if self._fd is None:
             return
-        stage, data = self._hashed()
-        self._stages.submit(stage, self._write_last, data)
-        self._stages.drain()
+        stage, data, offset = self._hashed()
+        try:
+            self._stages.drain()
+            head = len(data) // ALIGN * ALIGN
+            if head:
+                self._write(data[:head], offset)
+            if len(data) > head:
+                if self._direct:
+                    self._direct_off()
+                self._write(data[head:], offset + head)
+            if self._buffered > self._kicked:
+                self._kick_rest()
+        finally:
+            self._stages.give(stage)
         os.close(self._fd)
         self._fd = None
 

@@ -47,6 +47,7 @@ DEPTH = 4  # pooled block buffers: the reader runs at most DEPTH - 1 blocks ahea
 DIRECT = True  # output files with O_DIRECT where the file system takes it (tp/outfile.py)
 STAGES = 6  # stage buffers per stream: one filled and hashed while the others are written
 STAGE = 8 << 20  # bytes per stage (at most the block size)
+WRITERS = 1  # writes in flight per stream (threads writing its stages)
 WRITEBACK = 64 << 20  # output bytes between asynchronous writeback starts
 DIRECT_RUN = 256 << 10  # strided runs at least this long are read one by one (no over-read)
 
@@ -222,7 +223,7 @@ class _Stream:
         path = self.root / part.path
         path.parent.mkdir(parents=True, exist_ok=True)
         if self._stages is None:
-            self._stages = Stages(min(self.chunk, STAGE), STAGES)
+            self._stages = Stages(min(self.chunk, STAGE), STAGES, WRITERS)
         self._hashers = [new_hasher(a, self.hash_threads) for a in self.algos]
         self._file = StagedFile(
             path, self._stages, self._hashers, start_writeback, WRITEBACK, direct=DIRECT
