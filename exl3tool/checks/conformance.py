@@ -29,9 +29,10 @@ REFUSED_BY = {
     "public": "the public R7 and main revisions (integral 3/4/5/6 only)",
     "cartridge": "every revision, the cartridge revision included (2..6)",
 }
-PLAIN_FIELDS = frozenset(("trellis", "suh", "svh", "su", "sv", "mcg", "mul1"))
-RANKED_FIELDS = frozenset(("trellis", "suh", "svh", "mcg", "mul1"))  # the rank-sliced regex
-_ACCEPTED = tuple(f".{f}" for f in sorted(RANKED_FIELDS))  # RANKED_FIELDS is within PLAIN_FIELDS
+# the runtime's MoE method has these parameters only (no legacy su/sv, unlike a dense linear),
+# the rank-sliced regex the same fields
+EXPERT_FIELDS = frozenset(("trellis", "suh", "svh", "mcg", "mul1"))
+_ACCEPTED = tuple(f".{f}" for f in sorted(EXPERT_FIELDS))
 MAX_NAMED = 20  # expert-namespace findings named one by one; the rest are counted
 
 
@@ -90,8 +91,8 @@ def check_expert_namespace(ckpt: Checkpoint, findings: Findings) -> None:
     parsed = [(name, en) for name in suspects if (en := names.parse(name)) is not None]
     claimed = _claimed_layers(ckpt, names) if parsed else set()
     bad: list[tuple[str, str]] = []
-    for name, (layer, rank, field) in parsed:
-        if layer in claimed and field not in (PLAIN_FIELDS if rank is None else RANKED_FIELDS):
+    for name, (layer, _rank, field) in parsed:
+        if layer in claimed and field not in EXPERT_FIELDS:
             bad.append((name, ckpt.tensors[name].file))
     for name, file in bad[:MAX_NAMED]:
         findings.add(

@@ -24,6 +24,7 @@ MULTIPLIERS = {
     "mul1": ("mul1_multiplier", MUL1_MULTIPLIER),
 }
 QC = "quantization_config.json"
+STORED_FIELDS = frozenset(("trellis", "suh", "svh", "su", "sv", "mcg", "mul1"))
 
 
 def _record_problem(prefix: str, rec: Any) -> str | None:
@@ -45,6 +46,9 @@ def _record_problem(prefix: str, rec: Any) -> str | None:
 def check_tensor_storage(
     ckpt: Checkpoint, groups: dict[str, LinearGroup], findings: Findings
 ) -> None:
+    """quantization_config.json's tensor_storage, and config.json's embedded map where it is not
+    empty and differs: one revision of the runtime reads the embedded map when it has one
+    (Exl3Config.maybe_update_config), another the file's, so both must describe the shards."""
     qc = ckpt.quant_config
     if qc is None:
         findings.add(ck.CK_QUANT_CONFIG, "quantization_config.json is missing", file=QC)
@@ -58,42 +62,86 @@ def check_tensor_storage(
             pointer="/tensor_storage",
         )
         return
-    listed: set[str] = set()
+    _check_storage_map(ckpt, ts, groups, findings, QC, "/tensor_storage")
+    emb = ckpt.embedded_quant
+    embedded = emb.get("tensor_storage") if isinstance(emb, dict) else None
+    if isinstance(embedded, dict) and embedded and embedded != ts:
+        _check_storage_map(
+            ckpt, embedded, groups, findings, "config.json", "/quantization_config/tensor_storage"
+        )
+
+
+def _check_storage_map(
+    ckpt: Checkpoint,
+    ts: dict,
+    groups: dict[str, LinearGroup],
+    findings: Findings,
+    file: str,
+    base: str,
+) -> None:
+    """Every record of one tensor_storage map, and every EXL3 tensor listed in its own record
+    (the runtime looks a linear up by its prefix and takes its codebook from that record)."""
     for prefix, rec in ts.items():
-        ptr = pointer_join("/tensor_storage", prefix)
+        ptr = pointer_join(base, prefix)
         problem = _record_problem(prefix, rec)
         if problem is not None:
-            findings.add(ex.EX_STORAGE_RECORD, problem, file=QC, pointer=ptr)
+            findings.add(ex.EX_STORAGE_RECORD, problem, file=file, pointer=ptr)
             if not isinstance(rec, dict) or not isinstance(rec.get("stored_tensors"), dict):
                 continue
         for name, meta in rec["stored_tensors"].items():
-            listed.add(name)
-            _check_stored(ckpt, name, meta, pointer_join(ptr, "stored_tensors"), findings)
+            _check_stored(ckpt, name, meta, pointer_join(ptr, "stored_tensors"), file, findings)
         group = groups.get(prefix)
         if rec.get("quant_format") == "exl3" and group is not None:
-            _check_record_bits(prefix, rec, group, ptr, findings)
+            _check_record_bits(prefix, rec, group, ptr, file, findings)
+            _check_record_codebook(prefix, rec, group, ptr, file, findings)
     for prefix, group in groups.items():
+        rec = ts.get(prefix)
+        own = rec.get("stored_tensors") if isinstance(rec, dict) else None
+        own = own if isinstance(own, dict) else {}
         for fld, ref in group.parts.items():
-            if (
-                fld in ("trellis", "suh", "svh", "su", "sv", "mcg", "mul1")
-                and ref.name not in listed
-            ):
+            if fld in STORED_FIELDS and ref.name not in own:
                 findings.add(
                     ex.EX_STORAGE_UNLISTED,
-                    "EXL3 tensor not listed in tensor_storage",
-                    file=QC,
+                    "EXL3 tensor not listed in its linear's tensor_storage record"
+                    if rec is not None
+                    else "EXL3 tensor of a linear without a tensor_storage record",
+                    file=file,
                     tensor=ref.name,
-                    pointer=pointer_join("/tensor_storage", prefix),
+                    pointer=pointer_join(base, prefix),
                 )
 
 
-def _check_stored(ckpt: Checkpoint, name: str, meta: Any, base: str, findings: Findings) -> None:
+def _codebook(suffixes: Any) -> str | None:
+    """The codebook the runtime expects from the field names of a record (or of a linear)."""
+    return "mcg" if "mcg" in suffixes else "mul1" if "mul1" in suffixes else None
+
+
+def _check_record_codebook(
+    prefix: str, rec: dict, group: LinearGroup, ptr: str, file: str, findings: Findings
+) -> None:
+    """EX032: the record promises a marker the linear does not have (or another one)."""
+    promised = _codebook({name.rsplit(".", 1)[-1] for name in rec["stored_tensors"]})
+    held = _codebook(group.parts)
+    if promised is not None and promised != held:
+        findings.add(
+            ex.EX_STORAGE_CODEBOOK,
+            f"the record lists a .{promised} marker, so the runtime expects the {promised} "
+            f"codebook; {prefix} has " + (f"a .{held} marker" if held else "no marker"),
+            file=file,
+            tensor=f"{prefix}.trellis",
+            pointer=pointer_join(ptr, "stored_tensors"),
+        )
+
+
+def _check_stored(
+    ckpt: Checkpoint, name: str, meta: Any, base: str, file: str, findings: Findings
+) -> None:
     """One stored_tensors entry: present in a shard, with the shard's shape, dtype and size."""
     sptr = pointer_join(base, name)
     ref = ckpt.tensors.get(name)
     if ref is None:
         findings.add(
-            ex.EX_STORAGE_ABSENT, "listed but in no shard", file=QC, tensor=name, pointer=sptr
+            ex.EX_STORAGE_ABSENT, "listed but in no shard", file=file, tensor=name, pointer=sptr
         )
         return
     want = {
@@ -104,11 +152,11 @@ def _check_stored(ckpt: Checkpoint, name: str, meta: Any, base: str, findings: F
     got = meta if isinstance(meta, dict) else {}
     bad = [f"{k} {got.get(k)!r} != {v!r}" for k, v in want.items() if got.get(k) != v]
     if bad:
-        findings.add(ex.EX_STORAGE_MISMATCH, "; ".join(bad), file=QC, tensor=name, pointer=sptr)
+        findings.add(ex.EX_STORAGE_MISMATCH, "; ".join(bad), file=file, tensor=name, pointer=sptr)
 
 
 def _check_record_bits(
-    prefix: str, rec: dict, group: LinearGroup, ptr: str, findings: Findings
+    prefix: str, rec: dict, group: LinearGroup, ptr: str, file: str, findings: Findings
 ) -> None:
     k = group.k
     bpw = rec.get("bits_per_weight")
@@ -116,7 +164,7 @@ def _check_record_bits(
         findings.add(
             ex.EX_STORAGE_BITS,
             f"bits_per_weight {bpw!r}, trellis K = {k}",
-            file=QC,
+            file=file,
             tensor=f"{prefix}.trellis",
             pointer=pointer_join(ptr, "bits_per_weight"),
         )
@@ -126,7 +174,7 @@ def _check_record_bits(
                 ex.EX_STORAGE_MULTIPLIER,
                 f"{key} {rec[key]!r} but the .{kind} marker is "
                 + ("absent" if kind not in group.parts else "present"),
-                file=QC,
+                file=file,
                 tensor=f"{prefix}.{kind}",
                 pointer=pointer_join(ptr, key),
             )

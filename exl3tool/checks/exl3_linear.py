@@ -15,6 +15,7 @@ from exl3tool.rules import exl3 as ex
 from exl3tool.rules.registry import Findings, Severity
 
 MARKER_VALUES = {"mcg": MCG_MARKER, "mul1": MUL1_MARKER}
+EXPERTS = ".mlp.experts."  # in the prefix of every routed expert's linear
 
 
 def check_trellis_dtype(ref: TensorRef, findings: Findings) -> bool:
@@ -73,7 +74,8 @@ def _vector(
     findings: Findings,
     finite: FiniteCheck,
 ) -> None:
-    """suh/svh (F16 [size]) or legacy su/sv (I16 [size/16]); EX004/5, EX007/8, EX014."""
+    """suh/svh (F16 [size]) or, except for a routed expert, legacy su/sv (I16 [size/16]);
+    EX004/5, EX007/8, EX014."""
     missing, shape_rule = (
         (ex.EX_MISSING_SUH, ex.EX_SUH_SHAPE)
         if new == "suh"
@@ -91,11 +93,13 @@ def _vector(
             )
         return
     ref = group.parts.get(old)
-    if ref is None:
+    if ref is None or EXPERTS in group.prefix:
+        # the runtime's MoE method has parameters for suh/svh only: no legacy path for experts
         t = group.trellis
+        also = f" (legacy .{old} is not read for a routed expert)" if ref is not None else ""
         findings.add(
             missing,
-            f"no {group.prefix}.{new} (or legacy .{old})",
+            f"no {group.prefix}.{new}" + (also or f" (or legacy .{old})"),
             file=t.file if t else None,
             tensor=f"{group.prefix}.{new}",
         )
@@ -178,8 +182,17 @@ def _trellis_dims(
             file=t.file,
             tensor=t.name,
         )
-    elif k in HALF_K and "mul1" not in parts:
-        findings.add(ex.EX_HALF_K, f"K = {k} needs the mul1 codebook", file=t.file, tensor=t.name)
+    elif k in HALF_K:
+        if "mul1" not in parts:
+            findings.add(
+                ex.EX_HALF_K, f"K = {k} needs the mul1 codebook", file=t.file, tensor=t.name
+            )
+        findings.add(
+            ex.EX_HALF_K_NOT_SERVED,
+            f"K = {k} (last dimension {t.info.shape[2]}): the serving runtime refuses it",
+            file=t.file,
+            tensor=t.name,
+        )
     k_in, n_out = t.info.shape[0] * 16, t.info.shape[1] * 16
     if k_in % 128 or n_out % 128:
         findings.add(

@@ -103,15 +103,16 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     ),
     RuntimeCheck(
         "Exl3LinearMethod.process_weights_after_loading", EXL3,
-        "every claimed linear has trellis, suh and svh and exactly the codebook marker "
-        "tensor_storage promises",
-        ("EX004", "EX005", "EX006", "EX012", "EX021"), "linear-missing-suh",
+        "every claimed linear has trellis, suh and svh and exactly the codebook marker its own "
+        "tensor_storage record promises",
+        ("EX004", "EX005", "EX006", "EX012", "EX021", "EX032"), "linear-missing-suh",
     ),
     RuntimeCheck(
         "Exl3LinearMethod._validate_loaded_tensors", EXL3,
         "trellis int16 rank 3 with 16..128 words, suh/svh fp16 vectors of the trellis sizes, "
         "128-aligned sizes, one-element int32 markers with the right sentinel",
-        ("EX001", "EX002", "EX007", "EX008", "EX009", "EX010", "EX011"), "linear-bad-marker",
+        ("EX001", "EX002", "EX007", "EX008", "EX009", "EX010", "EX011", "EX031"),
+        "linear-bad-marker",
     ),
     RuntimeCheck(
         "Exl3LinearMethod._slice_exl3_tensor", EXL3,

@@ -96,6 +96,8 @@ EXAMPLES = MappingProxyType(
         "EX027": 'config.json "bits": 4.03, quantization_config.json "bits": 3.5',
         "EX028": "model.layers.3.mlp.gate.weight: F16 [2048, 128] (transposed)",
         "EX030": 'tensor_storage with only "model.embed_tokens": {"stored_tensors": {...}}',
+        "EX031": "model.layers.0.self_attn.k_proj.trellis I16 [16, 16, 40] (K = 2.5, mul1)",
+        "EX032": 'the v_proj record lists "….o_proj.mcg": v_proj (no marker) is expected to be mcg',
         "EX099": "a linear on which an EXL3 check raises (the finding names the exception)",
         # --- DC: trellis decode -----------------------------------------------------------
         "DC001": "exl3tool decode --tensor model.layers.0.mlp.down_proj (no .suh stored)",

@@ -223,3 +223,23 @@ EX_NO_RECORDS = rule(
     "any EXL3 record.",
     "Regenerate quantization_config.json from the shards.",
 )
+EX_HALF_K_NOT_SERVED = rule(
+    "EX031",
+    "half-k-not-served",
+    E,
+    "Half-integer K: the serving runtime takes only K 1..8",
+    "exllamav3 decodes K = 1.5/2.5/3.5 with the mul1 codebook (§1.1), but the serving runtime's "
+    "EXL3 loaders refuse any trellis whose last dimension is not 16*K for an integer K in 1..8 "
+    "(Exl3LinearMethod._validate_loaded_tensors, Exl3MoEMethod._validate_moe_shapes).",
+    "Re-quantize the linear with an integer K for the serving runtime.",
+)
+EX_STORAGE_CODEBOOK = rule(
+    "EX032",
+    "tensor-storage-codebook",
+    E,
+    "A tensor_storage record selects another codebook than its linear has",
+    "The runtime takes a linear's codebook from the suffixes its own record lists (mcg, else "
+    "mul1, else none: Exl3Config.codebook_for_prefix) and refuses a marker it did not expect or "
+    "a missing one it did; a marker listed under another module's record misleads both.",
+    "Regenerate quantization_config.json from the shards.",
+)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exl3tool.checks.conformance import PLAIN_FIELDS, RANKED_FIELDS, check_expert_namespace
+from exl3tool.checks.conformance import EXPERT_FIELDS, check_expert_namespace
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.names import parse_expert
 from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo
@@ -29,7 +29,7 @@ def _reference(ckpt: Checkpoint) -> list[str]:
         en = parse_expert(name) if ".mlp.experts." in name else None
         if en is None or en.layer not in claimed:
             continue
-        if en.field not in (PLAIN_FIELDS if en.rank is None else RANKED_FIELDS):
+        if en.field not in EXPERT_FIELDS:
             bad.append(name)
     return bad
 

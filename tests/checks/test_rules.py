@@ -28,6 +28,7 @@ EXL3_ROUTER = ROUTER  # the plain EXL3 fixture's MoE layer is layer 1 too
 BIAS = "model.layers.1.mlp.gate.e_score_correction_bias"
 Q = "model.layers.0.self_attn.q_proj"  # mcg linear of the plain EXL3 checkpoint
 K = "model.layers.0.self_attn.k_proj"  # mul1 linear
+EXL3_EXPERT = "model.layers.1.mlp.experts.0"  # a routed expert of the plain EXL3 checkpoint
 
 
 def shard_of(root: Path, name: str) -> str:
@@ -385,6 +386,34 @@ CASES = [
     # --- runtime conformance (checks/conformance.py; more in tests/conformance) ---------------
     Case("R7080", "r7", config(lambda c: c.pop("hybrid_tr3_tail"))),
     Case("EX030", "exl3", storage(lambda s: [r.update(quant_format="fp16") for r in s.values()])),
+    Case("EX031", "exl3", put(f"{K}.trellis", "I16", trellis(16, 16, 40))),
+    Case(
+        "EX032",
+        "exl3",
+        storage(
+            lambda s: s[K]["stored_tensors"].update(
+                {f"{Q}.mcg": s[Q]["stored_tensors"][f"{Q}.mcg"]}
+            )
+        ),
+    ),
+    Case(
+        "EX022",
+        "exl3",
+        lambda r: edit_json(
+            r / "config.json",
+            lambda c: c["quantization_config"].update(
+                tensor_storage={
+                    p: rec
+                    for p, rec in json.loads((r / "quantization_config.json").read_text())[
+                        "tensor_storage"
+                    ].items()
+                    if p != Q
+                }
+            ),
+        ),
+        id="embedded-map",
+    ),
+    Case("EX004", "exl3", lambda r: _legacy_expert_signs(r), id="expert-legacy-su"),
     Case("RS020", "rank-sliced", tail(lambda t: t.update(bits=2.0))),
     Case("RS021", "rank-sliced", lambda r: _three_tiers(r)),
     Case("EX022", "r7", lambda r: _dense_exl3(r), id="r7-dense-linear"),
@@ -396,6 +425,27 @@ CASES = [
 ]
 
 O_PROJ = "model.layers.0.self_attn.o_proj"  # a BF16 linear of the R7 fixture (hidden 128)
+
+
+def _legacy_expert_signs(root: Path) -> None:
+    """Expert 0's gate_proj with legacy packed signs (.su/.sv) instead of suh/svh, listed."""
+    p = f"{EXL3_EXPERT}.gate_proj"
+
+    def swap(t: dict) -> None:
+        (_, suh), (_, svh) = t.pop(f"{p}.suh"), t.pop(f"{p}.svh")
+        t[f"{p}.su"] = ("I16", np.zeros(len(suh) // 16, "<i2"))
+        t[f"{p}.sv"] = ("I16", np.zeros(len(svh) // 16, "<i2"))
+
+    edit_shard(root, shard_of(root, f"{p}.trellis"), swap)
+
+    def relist(s: dict) -> None:
+        st = s[p]["stored_tensors"]
+        for old, new in (("suh", "su"), ("svh", "sv")):
+            meta = st.pop(f"{p}.{old}")
+            st[f"{p}.{new}"] = {**meta, "dtype": "torch.int16", "shape": [meta["shape"][0] // 16],
+                                "n_bytes": meta["n_bytes"] // 16}  # fmt: skip
+
+    storage(relist)(root)
 
 
 def _dense_exl3(root: Path, listed: bool = False) -> None:
