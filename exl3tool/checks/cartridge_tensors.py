@@ -44,6 +44,7 @@ def _parse_all(cart: Cartridge, findings: Findings) -> list[StageKey]:
     """Rules 17, 19, 24: keep the well-formed, canonical trellis/scale keys of chain stages."""
     chain = set(cart.chain_labels)
     good = []
+    seen: dict[tuple, str] = {}
     for name in cart.keys:
         key = parse_key(name)
         if key is None or key.component in spec.PROTOTYPE_COMPONENTS:
@@ -67,6 +68,15 @@ def _parse_all(cart: Cartridge, findings: Findings) -> list[StageKey]:
         if key.label not in chain:
             _add(findings, cart, ca.CA_UNKNOWN_STAGE,
                  f"tensor stages are absent from adapter_config.json chain: {key.label!r}", name)  # fmt: skip
+            continue
+        # the runtime reads the expert and rank numbers as integers and stores one tensor per
+        # (expert, rank, ...): "experts.07" after "experts.7" silently replaces it
+        same = (key.layer, key.expert, key.proj, key.rank, key.component, key.label)
+        first = seen.setdefault(same, name)
+        if first != name:
+            _add(findings, cart, ca.CA_ALIASED_KEY,
+                 f"names the same stage tensor as {first} once its numbers are read; the "
+                 "runtime keeps only one of them", name)  # fmt: skip
             continue
         good.append(key)
     return good

@@ -407,3 +407,13 @@ CA_REASSEMBLY = rule(
     "Concatenating a rank-sharded cartridge's trellis slices (gate/up tile axis 1, down tile axis 0) must reproduce the full cartridge byte for byte (§8).",
     "Re-shard from the full cartridge with exl3tool.",
 )
+CA_ALIASED_KEY = rule(
+    "CA044",
+    "aliased-key",
+    E,
+    "Two cartridge keys name the same stage tensor",
+    "The runtime reads a key's expert and rank as integers and keeps one tensor per (layer, "
+    "expert, projection, rank, component, stage): `experts.07` and `experts.7` (or `rank00` and "
+    "`rank0`) are one slot, and whichever it reads last silently replaces the other (§3).",
+    "Write expert and rank numbers without leading zeros, one key per stage tensor.",
+)

@@ -275,6 +275,7 @@ RULE_OUTCOME = MappingProxyType(
         "MB018": _C,
         "MB016": _S,  # bytes differ from the published MANIFEST.sha256
         "CA043": _C,
+        "CA044": _S,  # the runtime keeps whichever aliased key it reads last
         "ID007": _S,  # ranks would serve different replicated weights
         "ID010": _R, "ID012": _R,  # staging verifies the base identity
         "TP001": _R, "TP011": _R, "TP012": _R,  # runtime refusals, predicted before slicing

@@ -220,6 +220,7 @@ EXAMPLES = MappingProxyType(
         "CA041": "…rank0.scale_s1 = 2.5 and …rank1.scale_s1 = 2.5000002",
         "CA042": '"num_tensors": 20 with 18 keys in the shards',
         "CA043": "rank0 and rank1 trellis_s1 halves that concatenate to other bytes than the full one",
+        "CA044": "…experts.07.gate_proj.rank0.trellis_s1 beside …experts.7.gate_proj.rank0.trellis_s1",
         "CA050": '"ranks": [0, 1] with keys only for rank0',
         "CA051": "…experts.0.up_proj.rank0.trellis_s9 with chain labels s1, s2",
         "CA052": "…experts.128.up_proj.rank0.trellis_s1 on a base with 128 experts",

@@ -227,6 +227,15 @@ CASES: list[tuple[str, str, str, Callable[[Path], object], dict]] = [
     ),
     ("dup-key", "CA030", "full", duplicate_key, {}),
     (
+        "aliased-key",
+        "CA044",
+        "full",
+        lambda d: tensors(
+            d, L3, lambda t: {**t, key().replace("experts.0.", "experts.00."): t[key()]}
+        ),
+        {},
+    ),
+    (
         "malformed",
         "CA031",
         "full",
