@@ -409,6 +409,10 @@ def build_plan(ckpt: Checkpoint, kind: Kind, opts: PlanOptions) -> BootPlan:
     _plan_rest(rest, ctx, tally, done)
     findings = Findings()
     _plan_fallback(ckpt, tally, fallback, findings)
+    if ctx.kept and opts.tp > 1:  # the runtime's 128-aligned split of every EXL3 linear
+        from exl3tool.checks.exl3_tp import check_tp_slices, trellises
+
+        check_tp_slices(ckpt, trellises(ckpt.tensors), opts.tp, findings)
     tail = (ckpt.config or {}).get("hybrid_tr3_tail") if isinstance(ckpt.config, dict) else None
     if ctx.kept and ctx.tail_sliced and isinstance(tail, dict) and tail.get("tp") != opts.tp:
         findings.add(r7_rules.RS_TP, f"checkpoint tp {tail.get('tp')!r}, --tp {opts.tp}: the "

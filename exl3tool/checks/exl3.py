@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from exl3tool.checks.exl3_linear import check_linears, flush_payload_checks
+from exl3tool.checks.exl3_tp import check_tp_slices, of_groups
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.payload import FiniteCheck, RandomAccessReader
 from exl3tool.checks.routers import check_routers
@@ -200,9 +201,10 @@ def check_config_drift(ckpt: Checkpoint, findings: Findings) -> None:
 
 
 def check_exl3(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> None:
-    """A plain EXL3 checkpoint: every linear, tensor_storage, embedded/external agreement."""
-    del options  # no TP or hash rules for the plain profile yet
+    """A plain EXL3 checkpoint: every linear, tensor_storage, embedded/external agreement, and
+    the runtime's TP split at `options.tp`."""
     groups = group_linears(ckpt.tensors)
+    check_tp_slices(ckpt, of_groups(groups), options.tp, findings)
     if not groups and ckpt.tensors:
         findings.add(
             ex.EX_NO_LINEARS,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from exl3tool.checks.digests import Digests
 from exl3tool.checks.exl3_linear import check_linears, flush_payload_checks
+from exl3tool.checks.exl3_tp import check_tp_slices, of_groups
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.payload import (
     FACTS_MAX_TOTAL,
@@ -184,7 +185,9 @@ def check_r7(
         if block is not None:
             check_routers(ckpt, block.layers, n_exp, hidden, rule=r7.R7_ROUTER, findings=later)
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
-        check_linears(group_linears(others), ckpt.tensors, later, reader, finite)
+        dense = group_linears(others)
+        check_linears(dense, ckpt.tensors, later, reader, finite)
+        check_tp_slices(ckpt, of_groups(dense), options.tp, later, experts=False)  # experts: R7070
         # what the worker read ahead, if it gave it (else everything is read here, as always)
         got = prefetched.from_child(None) if prefetched is not None and digests is None else None
         pre = got if got is not None and block is not None and got.block == block else None

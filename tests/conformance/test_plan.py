@@ -135,3 +135,13 @@ def test_cli_json_plot_and_exit_codes(tmp_path: Path) -> None:
     assert r.invoke(app, ["plan", path, "--tp", "0"]).exit_code == 2
     assert r.invoke(app, ["plan", str(tmp_path / "absent")]).exit_code == 3
     assert r.invoke(app, ["plan", str(EXAMPLES / "cartridge-k3k4")]).exit_code == 2
+
+
+def test_a_split_the_runtime_refuses_is_tp001(tmp_path: Path) -> None:
+    from exl3tool.synth.exl3 import build_exl3
+
+    # experts 128 wide: 64 channels a rank at TP 2, which the runtime's 128-aligned slice refuses
+    root = build_exl3(tmp_path / "m", moe_intermediate=128)
+    codes = [f.code for f in run(root, tp=2).findings]
+    assert codes.count("TP001") == 3  # gate, up and down; each names its first expert
+    assert "TP001" not in [f.code for f in run(root, tp=1).findings]

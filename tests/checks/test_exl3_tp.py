@@ -1,0 +1,60 @@
+"""validate --tp N of a plain EXL3 checkpoint (checks/exl3_tp.py): TP001 exactly where the
+runtime's equal 128-aligned split of a linear fails, and nowhere else."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exl3tool.actions.validate import validate_path
+from exl3tool.checks.options import ValidateOptions
+from exl3tool.synth.exl3 import build_exl3
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 heads of 128 (q 512), 2 KV heads (k/v 256), dense MLP 512, experts 256 wide."""
+    root = build_exl3(
+        tmp_path_factory.mktemp("tp") / "m",
+        hidden=512,
+        kv_dim=256,
+        intermediate=512,
+        moe_intermediate=256,
+    )
+    cfg = json.loads((root / "config.json").read_text())
+    cfg.update(num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+    (root / "config.json").write_text(json.dumps(cfg))
+    return root
+
+
+def _tp001(root: Path, tp: int) -> list[str]:
+    _, findings = validate_path(root, ValidateOptions(tp=tp))
+    return sorted(f.message.split(" ")[0] for f in findings if f.code == "TP001")
+
+
+def test_an_even_128_aligned_split_passes(model: Path) -> None:
+    assert _tp001(model, 2) == []
+
+
+def test_kv_heads_fewer_than_ranks_are_one_head_per_rank(model: Path) -> None:
+    # TP 4: q/o/dense MLP 128 per rank, K/V one 128-wide head per rank; experts 64: refused
+    assert _tp001(model, 4) == ["down_proj", "gate_proj", "up_proj"]
+
+
+def test_every_split_below_128_is_refused(model: Path) -> None:
+    # K/V: still one 128-wide head per rank (each head on four ranks)
+    experts = ["gate_proj", "up_proj", "down_proj"]
+    assert _tp001(model, 8) == sorted(["q_proj", "o_proj", *experts, *experts])
+
+
+def test_without_heads_in_config_attention_is_not_judged(model: Path, tmp_path: Path) -> None:
+    import shutil
+
+    root = Path(shutil.copytree(model, tmp_path / "m"))
+    cfg = json.loads((root / "config.json").read_text())
+    for key in ("num_attention_heads", "num_key_value_heads", "head_dim"):
+        cfg.pop(key)
+    (root / "config.json").write_text(json.dumps(cfg))
+    assert _tp001(root, 8) == sorted(["gate_proj", "up_proj", "down_proj"] * 2)
