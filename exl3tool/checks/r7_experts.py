@@ -4,6 +4,7 @@ finiteness scan of the scale vectors (both deferred to the payload flush)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -19,7 +20,7 @@ from exl3tool.formats.r7 import MARKER, Block, R7Payload, layer_shard
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.io.views import TensorReader
 from exl3tool.rules import r7 as r7
-from exl3tool.rules.registry import Findings, Severity
+from exl3tool.rules.registry import Findings
 
 MAX_MISSING = 20
 SHARED_VECTORS = ("gate_up_suh", "down_svh")
@@ -334,15 +335,19 @@ def _check_expert_vectors(
         vector = f"r7_shared.{'down_svh' if down else 'gate_up_suh'}"
         # The runtime loads the shared vectors as expert 0's (gate_up_suh as experts.0.gate_proj
         # .suh, aliased to up; down_svh as experts.0.down_proj.svh): expert 0's own copy takes
-        # that place, and every expert's projection is served with it, with no error.
-        first = slot.expert == 0
-        why = f": the runtime loads {vector} in this tensor's place, so this one would replace it"
+        # that place, and every expert's projection is served with it, with no error. Another
+        # expert's own copy is kept ("explicit per-expert tensors win"): a layer of one K serves
+        # it, a layer of several tiers serves the shared one.
+        if slot.expert == 0:
+            why = f"the runtime loads {vector} in this tensor's place, so this one would replace "
+            why += "it for every expert"
+        else:
+            why = "a layer of one K serves this copy, a layer of several K tiers the shared one"
         ctx.findings.add(
             r7.R7_UNEXPECTED_VECTOR,
-            f"per-expert {shared}; R7 uses {vector}" + (f"{why} for every expert" if first else ""),
+            f"per-expert {shared}; R7 uses {vector}: {why}",
             file=extra.file,
             tensor=extra.name,
-            severity=Severity.ERROR if first else None,
         )
 
 
@@ -359,6 +364,9 @@ def _check_shard_meta(st: Any, layer: int, findings: Findings) -> None:
             file=st.label,
             pointer="/__metadata__",
         )
+
+
+MAX_OTHER = 20  # unparsed expert-namespace names named one by one; the rest are counted
 
 
 def check_out_of_range(
@@ -390,3 +398,36 @@ def check_out_of_range(
                 f"rank-sliced layer {layer} is not covered by hybrid_tr3_tail",
                 next(iter(parts.values())),
             )
+    _check_layer_vectors(table, block, tail, report)
+    # a name under an experts namespace that no expert mapping parses: the model's weight
+    # loader looks it up as a parameter of its own, and there is none
+    for name, ref in list(table.other.items())[:MAX_OTHER]:
+        report(-1, f"{name} is under an experts namespace but names no expert projection", ref)
+    if len(table.other) > MAX_OTHER:
+        name, ref = list(table.other.items())[MAX_OTHER]
+        report(-1, f"{len(table.other) - MAX_OTHER} more such names", ref)
+
+
+def _check_layer_vectors(
+    table: ExpertTable,
+    block: Block,
+    tail: tuple[int, int] | None,
+    report: Callable[[int, str, TensorRef], None],
+) -> None:
+    """Layer-level vectors the runtime maps by name, in any layer: `r7_shared.gate_up_suh` and
+    `down_svh` become expert 0's suh/svh of their layer (a dense layer has no such parameter; in
+    the carried tail's layer they replace that expert's own vectors), anything else under
+    `r7_shared` has no parameter, and `shared_h` belongs to the rank-sliced tail alone."""
+    for (layer, name), ref in table.layer_vectors.items():
+        head, _, fld = name.partition(".")
+        if head == "r7_shared" and fld not in SHARED_VECTORS:
+            report(layer, f"r7_shared.{fld} is no R7 shared vector (gate_up_suh, down_svh)", ref)
+        elif head == "r7_shared" and not block.first <= layer <= block.last:
+            report(
+                layer,
+                f"r7_shared vector in layer {layer}, outside moe_layers [{block.first}, "
+                f"{block.last}]: the runtime loads it as that layer's expert 0 vector",
+                ref,
+            )
+        elif head == "shared_h" and (tail is None or not tail[0] <= layer <= tail[1]):
+            report(layer, f"shared_h vector in layer {layer}, not a carried tail layer", ref)

@@ -159,11 +159,12 @@ R7_SHARED = rule(
 R7_UNEXPECTED_VECTOR = rule(
     "R7029",
     "unexpected-expert-vector",
-    W,
+    E,
     "Per-expert hidden-side vector in an R7 layer",
     "R7 layers have no per-expert gate/up suh or down svh; the loader uses r7_shared (§3.1). "
-    "Expert 0's copy is an error: the runtime loads the r7_shared vectors in its place, so it "
-    "would be served for every expert's projection.",
+    "Expert 0's copy takes the r7_shared vectors' place, so it would be served for every "
+    "expert's projection; another expert's copy is served by a layer of one K and ignored by a "
+    "layer of several K tiers, so what is served depends on the layer's tiers.",
     "Drop the tensor or move it to r7_shared.",
 )
 R7_TIER = rule(

@@ -629,3 +629,33 @@ def test_expert_0s_own_hidden_side_vector_is_an_error(
     put(f"{E0}.{proj}.{field}", "F16", f16(128), L1)(root)
     (f,) = [f for f in run(root).findings if f.code == "R7029"]
     assert f.level is Severity.ERROR and "every expert" in f.message
+
+
+def test_another_experts_hidden_side_vector_is_an_error_too(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    # kept by the runtime beside the shared one: served by a single-K layer, not by a tiered one
+    root = copy(pristine["r7"], tmp_path / "ckpt")
+    put("model.layers.1.mlp.experts.1.gate_proj.suh", "F16", f16(128), L1)(root)
+    (f,) = [f for f in run(root).findings if f.code == "R7029"]
+    assert f.level is Severity.ERROR and "tiers" in f.message
+
+
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [
+        ("model.layers.1.mlp.experts.r7_shared.gate_suh", L1),  # no such shared vector
+        ("model.layers.0.mlp.experts.r7_shared.down_svh", L1),  # a dense layer
+        ("model.layers.3.mlp.experts.r7_shared.gate_up_suh", MTP),  # the carried tail's layer
+        ("model.layers.1.mlp.experts.shared_h.gate_proj.rank0.suh", L1),  # not a tail layer
+        ("model.layers.1.mlp.experts.gate_up_suh", L1),  # no expert, no projection
+    ],
+)
+def test_expert_namespace_names_the_loader_cannot_place_are_r7031(
+    pristine: dict[str, Path], tmp_path: Path, name: str, where: str
+) -> None:
+    root = copy(pristine["r7"], tmp_path / "ckpt")
+    put(name, "F16", f16(128), where)(root)
+    hits = [f for f in run(root).findings if f.code == "R7031"]
+    assert [f.location.tensor for f in hits] == [name]
+    assert hits[0].level is Severity.ERROR
