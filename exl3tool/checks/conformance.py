@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from exl3tool.checks.exl3 import check_storage_records, codebook_of_fields
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.detect import Kind
@@ -239,6 +240,52 @@ def check_linear_claims(ckpt: Checkpoint, findings: Findings) -> None:
         )
 
 
+def check_r7_storage_records(ckpt: Checkpoint, findings: Findings) -> None:
+    """The records of the tensor_storage map an R7 checkpoint's runtime holds
+    (Exl3Config._validate_storage_metadata; a record claims whatever linear it names), and
+    Exl3Config.codebook_for_prefix for routed experts: a record found for an expert projection
+    decides its codebook, before the R7 block's mcg."""
+    ts, where, ptr = runtime_storage(ckpt)
+    if not ts:
+        return
+    dense = group_linears({n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n})
+    check_storage_records(ckpt, ts, dense, findings, where, ptr)
+    if not any(".mlp.experts." in key for key in ts):
+        return
+    wrong: list[tuple[str, str, str | None]] = []  # (trellis, record key, its codebook)
+    for name in ckpt.tensors:
+        if not name.endswith(".trellis") or ".mlp.experts." not in name:
+            continue
+        prefix = name[: -len(".trellis")]
+        key = next((k for k in _storage_keys(prefix) if isinstance(ts.get(k), dict)), None)
+        if key is None:
+            continue
+        stored = ts[key].get("stored_tensors")
+        fields = {n.rpartition(".")[2] for n in stored} if isinstance(stored, dict) else set()
+        promised = codebook_of_fields(fields)
+        if promised != "mcg":
+            wrong.append((name, key, promised))
+    for name, key, promised in wrong[:MAX_NAMED]:
+        findings.add(
+            ex.EX_STORAGE_CODEBOOK,
+            f"the tensor_storage record {key!r} makes the runtime expect "
+            + (f"the {promised} codebook" if promised else "no codebook marker")
+            + " for this R7 expert projection, which has the mcg marker",
+            file=where,
+            tensor=name,
+            pointer=pointer_join(ptr, key),
+        )
+    if len(wrong) > MAX_NAMED:
+        name, key, _ = wrong[MAX_NAMED]
+        findings.add(
+            ex.EX_STORAGE_CODEBOOK,
+            f"{len(wrong) - MAX_NAMED} more R7 expert projections with such a record",
+            file=where,
+            tensor=name,
+            pointer=pointer_join(ptr, key),
+        )
+
+
 def _is_mixed(bits: Any) -> bool:
     """The runtime's test of a tail's mixed bitrate (surrounding spaces and case ignored)."""
     return isinstance(bits, str) and bits.strip().lower() == "mixed"
@@ -284,6 +331,8 @@ def check_conformance(
         check_storage_claim(ckpt, kind, findings)
     if kind in (Kind.R7, Kind.RANK_SLICED) and usable:
         check_linear_claims(ckpt, findings)  # a plain EXL3 checkpoint: EX022 in its family
+    if kind is Kind.R7 and usable:
+        check_r7_storage_records(ckpt, findings)
     if kind is not Kind.MSRT_BASE:  # the base profile's component rule (MB007) covers it
         check_expert_namespace(ckpt, findings)
     tail = rank_sliced_tail(ckpt.config)

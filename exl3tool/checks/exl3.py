@@ -82,19 +82,7 @@ def _check_storage_map(
 ) -> None:
     """Every record of one tensor_storage map, and every EXL3 tensor listed in its own record
     (the runtime looks a linear up by its prefix and takes its codebook from that record)."""
-    for prefix, rec in ts.items():
-        ptr = pointer_join(base, prefix)
-        problem = _record_problem(prefix, rec)
-        if problem is not None:
-            findings.add(ex.EX_STORAGE_RECORD, problem, file=file, pointer=ptr)
-            if not isinstance(rec, dict) or not isinstance(rec.get("stored_tensors"), dict):
-                continue
-        for name, meta in rec["stored_tensors"].items():
-            _check_stored(ckpt, name, meta, pointer_join(ptr, "stored_tensors"), file, findings)
-        group = groups.get(prefix)
-        if rec.get("quant_format") == "exl3" and group is not None:
-            _check_record_bits(prefix, rec, group, ptr, file, findings)
-            _check_record_codebook(prefix, rec, group, ptr, file, findings)
+    check_storage_records(ckpt, ts, groups, findings, file, base)
     for prefix, group in groups.items():
         rec = ts.get(prefix)
         own = rec.get("stored_tensors") if isinstance(rec, dict) else None
@@ -112,7 +100,32 @@ def _check_storage_map(
                 )
 
 
-def _codebook(suffixes: Any) -> str | None:
+def check_storage_records(
+    ckpt: Checkpoint,
+    ts: dict,
+    groups: dict[str, LinearGroup],
+    findings: Findings,
+    file: str,
+    base: str,
+) -> None:
+    """The records of a tensor_storage map: well formed (EX025), their stored tensors held as
+    described (EX021, EX023), and for the linears of `groups` their bits and codebook."""
+    for prefix, rec in ts.items():
+        ptr = pointer_join(base, prefix)
+        problem = _record_problem(prefix, rec)
+        if problem is not None:
+            findings.add(ex.EX_STORAGE_RECORD, problem, file=file, pointer=ptr)
+            if not isinstance(rec, dict) or not isinstance(rec.get("stored_tensors"), dict):
+                continue
+        for name, meta in rec["stored_tensors"].items():
+            _check_stored(ckpt, name, meta, pointer_join(ptr, "stored_tensors"), file, findings)
+        group = groups.get(prefix)
+        if rec.get("quant_format") == "exl3" and group is not None:
+            _check_record_bits(prefix, rec, group, ptr, file, findings)
+            _check_record_codebook(prefix, rec, group, ptr, file, findings)
+
+
+def codebook_of_fields(suffixes: Any) -> str | None:
     """The codebook the runtime expects from the field names of a record (or of a linear)."""
     return "mcg" if "mcg" in suffixes else "mul1" if "mul1" in suffixes else None
 
@@ -121,8 +134,8 @@ def _check_record_codebook(
     prefix: str, rec: dict, group: LinearGroup, ptr: str, file: str, findings: Findings
 ) -> None:
     """EX032: the record promises a marker the linear does not have (or another one)."""
-    promised = _codebook({name.rsplit(".", 1)[-1] for name in rec["stored_tensors"]})
-    held = _codebook(group.parts)
+    promised = codebook_of_fields({name.rsplit(".", 1)[-1] for name in rec["stored_tensors"]})
+    held = codebook_of_fields(group.parts)
     if promised is not None and promised != held:
         findings.add(
             ex.EX_STORAGE_CODEBOOK,

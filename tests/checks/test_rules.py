@@ -641,6 +641,39 @@ def test_another_experts_hidden_side_vector_is_an_error_too(
     assert f.level is Severity.ERROR and "tiers" in f.message
 
 
+_E0G = f"{E0}.gate_proj"
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        (("trellis", "suh", "svh"), "EX032"),  # no marker: the runtime expects none
+        (("trellis", "suh", "svh", "mul1"), "EX032"),  # mul1 expected, the expert has mcg
+        (("trellis", "svh", "mcg"), "EX025"),  # an exl3 record without suh|su
+    ],
+)
+def test_an_r7_experts_tensor_storage_record_is_checked(
+    pristine: dict[str, Path], tmp_path: Path, fields: tuple[str, ...], code: str
+) -> None:
+    # a record the runtime finds for an expert projection decides its codebook before the R7
+    # block does; every record of the map it holds is validated
+    root = copy(pristine["r7"], tmp_path / "ckpt")
+    record = {"quant_format": "exl3", "stored_tensors": {f"{_E0G}.{f}": {} for f in fields}}
+    edit_qc(root, lambda q: q.setdefault("tensor_storage", {}).update({_E0G: record}))
+    hits = [f for f in run(root).findings if f.code == code]
+    assert hits and hits[0].level is Severity.ERROR
+
+
+def test_an_r7_record_for_a_linear_stored_unquantized_is_ex021(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    root = copy(pristine["r7"], tmp_path / "ckpt")
+    fields = {f"{O_PROJ}.{f}": {} for f in ("trellis", "suh", "svh", "mcg")}
+    record = {"quant_format": "exl3", "stored_tensors": fields}
+    edit_qc(root, lambda q: q.setdefault("tensor_storage", {}).update({O_PROJ: record}))
+    assert "EX021" in run(root).findings.codes()
+
+
 @pytest.mark.parametrize(
     ("name", "where"),
     [
