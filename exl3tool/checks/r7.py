@@ -40,6 +40,7 @@ from exl3tool.checks.r7_manifests import (
     layer_results,
     prefetch_block,
 )
+from exl3tool.checks.r7_model import check_model_moe_layers
 from exl3tool.checks.r7_seal import check_checkpoint_manifest
 from exl3tool.checks.rank_sliced import (
     TailContext,
@@ -176,6 +177,7 @@ def check_r7(
             ctx = ExpertsContext(table, block, n_exp, hidden, inter, ckpt.shards, scan)
             payload = check_experts(ctx)
             check_out_of_range(table, block, n_exp, tail.moe_layers if tail else None, findings)
+            check_model_moe_layers(ckpt, block, tail.moe_layers if tail else None, table, findings)
         scan = replace(scan, findings=later)
         if raw is not None:
             if tail is not None:

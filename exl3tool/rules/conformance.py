@@ -268,6 +268,7 @@ RULE_OUTCOME = MappingProxyType(
         "R7044": _C, "R7047": _C, "R7048": _C, "R7049": _C, "R7050": _C, "R7052": _C,
         "R7053": _C, "R7054": _C, "R7060": _C,
         "R7045": _S, "R7046": _S, "R7051": _S,  # bytes differ from what the producer sealed
+        "R7035": _S,  # an unclaimed MoE layer serves experts nothing filled
         "R7029": _S,  # an expert's own hidden-side vector is served, or the shared one, by tiers
         "RS007": _C,  # ranks >= tp are dropped, never loaded
         "RS012": _S,  # ranks would serve different replicated weights

@@ -129,6 +129,7 @@ EXAMPLES = MappingProxyType(
         "R7032": 'r7-experts-layer-003.safetensors __metadata__ {"format": "pt"} only',
         "R7033": "model.layers.4.mlp.experts.0.up_proj.trellis stored in r7-experts-layer-003",
         "R7034": '"moe_layers": [3, 120] in a model with "num_hidden_layers": 78',
+        "R7035": "first_k_dense_replace 3 with moe_layers [1, 77]: layers 1 and 2 are dense",
         "R7040": '"bit_map_manifests" lists r7-experts-layer-042.json, the file is absent',
         "R7041": '"moe_layers": [3, 77] with 74 entries in "bit_map_manifests"',
         "R7042": 'r7-experts-layer-003.json: {"bit_map": [3, 4, 5], ...}',

@@ -497,3 +497,16 @@ RS_MIXED_TIERS = rule(
     "(Exl3MoEMethod._prepare_mixed_rank_sliced_weights), which requires exactly two bitrates.",
     "Give each mixed layer exactly two K values in tier_bitmap.json.",
 )
+R7_MODEL_MOE = rule(
+    "R7035",
+    "model-moe-layers",
+    E,
+    "The model's MoE layers and the layers R7 claims disagree",
+    "The model builds layer L as MoE when L >= first_k_dense_replace and L % moe_layer_freq == "
+    "0 (its MTP layers too). A MoE layer that moe_layers, the carried tail and tensor_storage "
+    "leave unclaimed gets the unquantized MoE method, whose experts nothing fills unless BF16 "
+    "expert tensors are stored (the loader does not check); expert tensors on a dense layer "
+    "have no parameter to load into.",
+    "Make moe_layers (and the tail) cover exactly the model's MoE layers, or fix "
+    "first_k_dense_replace / moe_layer_freq in config.json.",
+)

@@ -168,6 +168,11 @@ CASES = [
     Case("R7027", "r7", put(f"{E0}.gate_proj.svh", "F16", f16(64))),
     Case("R7028", "r7", drop("model.layers.1.mlp.experts.r7_shared.gate_up_suh")),
     Case("R7029", "r7", put("model.layers.1.mlp.experts.1.gate_proj.suh", "F16", f16(128), L1)),
+    # the model's MoE layers are 1 and 2 (first_k_dense_replace 1) and 3 (its MTP layer)
+    Case("R7035", "r7", config(lambda c: c.update(first_k_dense_replace=2)), id="experts-on-dense"),
+    Case(
+        "R7035", "r7", config(lambda c: c.update(first_k_dense_replace=0)), id="layer-0-uncovered"
+    ),
     Case(
         "R7031",
         "r7",

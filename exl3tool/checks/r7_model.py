@@ -1,0 +1,85 @@
+"""R7035: the model's own MoE layers against what claims them (docs/formats/r7.md §2.1a).
+
+A DeepSeek-style model (GLM-5.2 included) builds layer L, its multi-token-prediction layers
+after `num_hidden_layers` too, as a MoE layer when `L >= first_k_dense_replace` and
+`L % moe_layer_freq == 0`, else as a dense MLP. The runtime claims a MoE layer's experts as EXL3
+through the R7 block's `moe_layers`, the carried tail's range or tensor_storage records of its
+expert 0; an unclaimed MoE layer gets the unquantized MoE method, whose experts only BF16
+tensors fill (the loader does not check that anything did), and a dense layer has no experts
+parameter for expert tensors stored there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exl3tool.checks.conformance import claims_linear, runtime_storage
+from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.formats.experts import ExpertTable
+from exl3tool.formats.r7 import Block
+from exl3tool.io.strict_json import is_json_int
+from exl3tool.rules import r7 as r7
+from exl3tool.rules.registry import Findings
+
+MAX_LAYERS = 1 << 16  # a model with more layers is not judged (a hostile count sizes no loop)
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def model_moe_layers(config: Any) -> tuple[set[int], int, str] | None:
+    """(MoE layers, layer count, how they were derived) from a DeepSeek-style config, or None
+    when it does not say (no first_k_dense_replace, or counts that are not plain integers)."""
+    if not isinstance(config, dict):
+        return None
+    first, n, mtp = (config.get(k) for k in ("first_k_dense_replace", "num_hidden_layers",
+                                             "num_nextn_predict_layers"))  # fmt: skip
+    freq = config.get("moe_layer_freq", 1)
+    mtp = 0 if mtp is None else mtp
+    if not all(is_json_int(v) for v in (first, n, mtp, freq)) or freq < 1 or first < 0:
+        return None
+    total = n + mtp
+    if not 0 < total <= MAX_LAYERS or mtp < 0:
+        return None
+    how = f"first_k_dense_replace {first}, moe_layer_freq {freq}"
+    return {layer for layer in range(first, total) if layer % freq == 0}, total, how
+
+
+def check_model_moe_layers(
+    ckpt: Checkpoint,
+    block: Block,
+    tail: tuple[int, int] | None,
+    table: ExpertTable,
+    findings: Findings,
+) -> None:
+    got = model_moe_layers(ckpt.config)
+    if got is None:
+        return
+    moe, total, how = got
+    storage = runtime_storage(ckpt)[0]
+    bf16 = {layer for (layer, _e, _p), parts in table.plain.items() if "weight" in parts}
+
+    def covered(layer: int) -> bool:
+        if block.first <= layer <= block.last or (tail and tail[0] <= layer <= tail[1]):
+            return True
+        prefix = f"model.layers.{layer}.mlp.experts.0"
+        return bool(storage) and all(claims_linear(storage, f"{prefix}.{p}") for p in PROJECTIONS)
+
+    for layer in sorted(moe):
+        if not covered(layer) and layer not in bf16:
+            findings.add(
+                r7.R7_MODEL_MOE,
+                f"layer {layer} is a MoE layer of the model ({how}) that neither moe_layers "
+                f"[{block.first}, {block.last}] nor the carried tail covers and no "
+                "tensor_storage record claims: the runtime builds its experts unquantized, and "
+                "no BF16 expert tensors fill them",
+                file="config.json",
+                pointer="/first_k_dense_replace",
+            )
+    for layer in sorted(table.layers()):
+        if 0 <= layer < total and layer not in moe:
+            findings.add(
+                r7.R7_MODEL_MOE,
+                f"layer {layer} holds expert tensors but is a dense layer of the model ({how}): "
+                "the weight loader has no experts parameter there",
+                file="config.json",
+                pointer="/first_k_dense_replace",
+            )
