@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exl3tool.actions.counts import check_counts
 from exl3tool.actions.inputs import resolve_input
 from exl3tool.io.gcpause import paused_gc
 from exl3tool.rules.errors import InputError, UsageError
@@ -73,6 +74,7 @@ def run(opts: Options) -> DiffResult:
 
     if opts.algo is not None:
         check_algo(opts.algo)
+    check_counts(None, opts.threads)
     pa, pb = resolve_input(opts.a), resolve_input(opts.b)
     ra, rb = _record_or_none(pa), _record_or_none(pb)
     algos = {r["algorithm"] for r in (ra, rb) if r is not None}

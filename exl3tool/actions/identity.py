@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from exl3tool.actions.counts import check_counts
 from exl3tool.actions.inputs import anchor, check_readable, resolve_input
 from exl3tool.formats.detect import Kind
 from exl3tool.identity.fast import Identity
@@ -123,8 +124,7 @@ def _prepare(opts: Options) -> Path:
         check_algo(opts.algo)
     if opts.layers:
         parse_layers(opts.layers)
-    if opts.threads is not None and opts.threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {opts.threads}")
+    check_counts(None, opts.threads)
     path = resolve_input(opts.path)
     check_readable(path)
     return path

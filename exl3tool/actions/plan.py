@@ -15,9 +15,11 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from exl3tool.actions.counts import check_counts
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect
 from exl3tool.formats.experts import expert_count, expert_table
@@ -106,6 +108,9 @@ class BootPlan:
         return 1 if self.findings.has_errors() else 0
 
 
+MAX_MEMORY = 2**63 - 1
+
+
 def parse_memory(text: str) -> int:
     """`96GiB`, `80GB`, `96G`, `1.5TiB` or a byte count -> bytes (UsageError otherwise)."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]i?)?[bB]?\s*", text or "")
@@ -113,9 +118,11 @@ def parse_memory(text: str) -> int:
         raise UsageError(f"--gpu-memory {text!r}: a size such as 96GiB, 80GB or 1.5TiB")
     unit = (m.group(2) or "").lower()
     scale = _IUNITS.get(unit) or _UNITS[unit]
-    value = int(float(m.group(1)) * scale)
+    value = int(Fraction(m.group(1)) * scale)  # exact: a float of 400 digits is infinite
     if value <= 0:
         raise UsageError(f"--gpu-memory {text!r} must be positive")
+    if value > MAX_MEMORY:
+        raise UsageError(f"--gpu-memory {text!r} is beyond {MAX_MEMORY} bytes")
     return value
 
 
@@ -412,7 +419,8 @@ def build_plan(ckpt: Checkpoint, kind: Kind, opts: PlanOptions) -> BootPlan:
     if ctx.kept and opts.tp > 1:  # the runtime's 128-aligned split of every EXL3 linear
         from exl3tool.checks.exl3_tp import check_tp_slices, trellises
 
-        check_tp_slices(ckpt, trellises(ckpt.tensors), opts.tp, findings)
+        full_rank = kind is Kind.MSRT_BASE  # rank0 holds whole experts each rank slices
+        check_tp_slices(ckpt, trellises(ckpt.tensors, full_rank=full_rank), opts.tp, findings)
     tail = (ckpt.config or {}).get("hybrid_tr3_tail") if isinstance(ckpt.config, dict) else None
     if ctx.kept and ctx.tail_sliced and isinstance(tail, dict) and tail.get("tp") != opts.tp:
         findings.add(r7_rules.RS_TP, f"checkpoint tp {tail.get('tp')!r}, --tp {opts.tp}: the "
@@ -442,8 +450,9 @@ def run(opts: PlanOptions) -> BootPlan:
     for a bad TP size or an artifact that is not a checkpoint."""
     from exl3tool.actions.inputs import artifact_root, check_readable
 
-    if type(opts.tp) is not int or opts.tp < 1:
+    if type(opts.tp) is not int:
         raise UsageError(f"--tp {opts.tp!r} must be a positive integer")
+    check_counts(opts.tp, None)
     path = artifact_root(Path(opts.path))
     check_readable(path)
     kind = detect(path)

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from exl3tool.actions.counts import check_counts
 from exl3tool.actions.inputs import resolve_input, resolve_optional
 from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.rules.errors import UsageError
 from exl3tool.rules.registry import Findings
 
+MAX_BYTES = 2**63 - 1  # what a file offset holds
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
           "tib": 2**40}  # fmt: skip
@@ -25,9 +28,11 @@ def parse_size(text: str) -> int:
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
         raise ValueError(f"cannot read size {text!r} (e.g. 5GiB, 500MB, 1048576)")
-    n = int(float(m.group(1)) * _UNITS[unit])
+    n = int(Fraction(m.group(1)) * _UNITS[unit])  # exact: a float of 400 digits is infinite
     if n < 1:
         raise ValueError(f"size {text!r} must be at least one byte")
+    if n > MAX_BYTES:
+        raise ValueError(f"size {text!r} is beyond {MAX_BYTES} bytes")
     return n
 
 
@@ -78,8 +83,7 @@ def _check(opts: Options) -> int:
 
     if opts.path is None or opts.tp is None:
         raise UsageError("slice needs PATH and --tp N (or --verify-only OUT)")
-    if opts.tp < 1 or (opts.threads is not None and opts.threads < 1):
-        raise UsageError("--tp and --threads must be at least 1")
+    check_counts(opts.tp, opts.threads)
     if opts.mode not in MODES or opts.layout not in LAYOUTS:
         raise UsageError(f"--mode is one of {MODES}, --layout one of {LAYOUTS}")
     try:

@@ -9,8 +9,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from exl3tool.actions.counts import check_counts
 from exl3tool.actions.inputs import resolve_input
-from exl3tool.actions.validate import check_counts
 from exl3tool.report.model import ArtifactRef, Report
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exl3tool.actions.counts import check_counts
 from exl3tool.actions.inputs import (
     anchor,
     artifact_root,
@@ -27,7 +28,7 @@ from exl3tool.formats.detect import Kind, detect, report_unusable_configs
 from exl3tool.io.gcpause import paused_gc
 from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.rules import checkpoint as ck
-from exl3tool.rules.errors import InputError, UsageError
+from exl3tool.rules.errors import InputError
 from exl3tool.rules.registry import Findings
 
 CHECKPOINT_KINDS = (Kind.EXL3, Kind.R7, Kind.RANK_SLICED, Kind.SAFETENSORS, Kind.MSRT_BASE)
@@ -121,14 +122,6 @@ class Options:
     runtime: str = "public"  # checks/conformance.RUNTIMES
     quiet: bool = False
     selection: Any = None  # a rules.selection.RuleSelection, applied to every finding
-
-
-def check_counts(tp: int | None, threads: int | None) -> None:
-    """UsageError for a TP size or thread count below one."""
-    if tp is not None and tp < 1:
-        raise UsageError(f"--tp must be >= 1, got {tp}")
-    if threads is not None and threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {threads}")
 
 
 def run(opts: Options) -> Report:

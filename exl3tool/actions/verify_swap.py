@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exl3tool.actions.counts import check_counts
 from exl3tool.actions.decode import require_torch
 from exl3tool.actions.inputs import resolve_input, resolve_optional
 from exl3tool.report.model import Report
@@ -62,8 +63,9 @@ def _max_memory(opts: Options) -> int | None:
 def _check_usage(opts: Options) -> None:
     if opts.device not in ("cpu", "cuda"):
         raise UsageError(f"--device must be cpu or cuda, not {opts.device!r}")
-    if opts.tp < 1 or opts.tokens < 1 or (opts.threads is not None and opts.threads < 1):
-        raise UsageError("--tp, --tokens and --threads must be at least 1")
+    check_counts(opts.tp, opts.threads)
+    if opts.tokens < 1:
+        raise UsageError("--tokens must be at least 1")
 
 
 def _check_device(device: str, tp: int) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from exl3tool.checks.base_identity import check_identity, check_manifest
 from exl3tool.checks.base_tensors import check_tensors
+from exl3tool.checks.exl3_tp import check_tp_slices, trellises
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats import msrt_spec as spec
 from exl3tool.formats.checkpoint import Checkpoint
@@ -117,4 +118,6 @@ def check_base(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -
     _quant(ckpt, k, findings)
     _tier(ckpt, k, findings)
     check_manifest(ckpt, findings, options)
+    # each rank slices rank0's full experts for itself (docs/formats/msrt.md §5)
+    check_tp_slices(ckpt, trellises(ckpt.tensors, full_rank=True), options.tp, findings)
     return KIND

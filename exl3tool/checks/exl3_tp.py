@@ -37,9 +37,15 @@ def _per_rank(leaf: str, k_in: int, n_out: int, tp: int, kv_heads: int | None) -
     return "output", n_out
 
 
-def trellises(tensors: Mapping[str, TensorRef]) -> Iterable[tuple[str, TensorRef]]:
-    """(linear prefix, trellis) of every `{prefix}.trellis` tensor."""
-    return ((n[:-8], r) for n, r in tensors.items() if n.endswith(".trellis"))
+def trellises(
+    tensors: Mapping[str, TensorRef], *, full_rank: bool = False
+) -> Iterable[tuple[str, TensorRef]]:
+    """(linear prefix, trellis) of every `{prefix}.trellis` tensor. `full_rank`: an MSRT base,
+    whose `{prefix}.rank0.trellis` is the whole tensor each rank slices for itself."""
+    for name, ref in tensors.items():
+        if name.endswith(".trellis"):
+            prefix = name[:-8]
+            yield (prefix[:-6] if full_rank and prefix.endswith(".rank0") else prefix), ref
 
 
 def of_groups(groups: Mapping[str, LinearGroup]) -> Iterable[tuple[str, TensorRef]]:

@@ -86,7 +86,13 @@ def identity_body(
     if result.identity is not None:
         ident = result.identity
         text = identity_json_chunks(ident) if fmt == "json" else identity_text(ident, result.path)
-        write_output(output, text, force=force)
+        try:
+            write_output(output, text, force=force)
+        except BaseException:
+            # the two outputs go together: the manifest the action published is taken back
+            if result.manifest_files is not None and sha256sum is not None:
+                Path(sha256sum).unlink(missing_ok=True)
+            raise
     sys.stderr.write(finding_lines(result.findings))
     if result.identity is None:
         sys.stderr.write(f"exl3tool: {result.path}: container errors; no identity given\n")

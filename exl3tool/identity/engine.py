@@ -117,6 +117,7 @@ def new_hasher(algo: str, threads: int = 1) -> Hasher:
         return hashlib.sha256()
     import blake3
 
+    threads = min(threads, os.cpu_count() or 1)  # more than the cores only costs threads
     return blake3.blake3(max_threads=threads) if threads > 1 else blake3.blake3()
 
 

@@ -72,6 +72,9 @@ def read_json(
     except ValueError as exc:
         findings.add(rules.JS_TOO_LARGE, f"JSON file too large: {exc}", file=label)
         return None
+    except OSError as exc:  # present, but reading fails (EIO, EACCES, not a regular file)
+        findings.add(rules.JS_UNREADABLE, f"cannot read it: {exc.strerror or exc}", file=label)
+        return None
     return parse_json(data, findings, label, require_object=require_object)
 
 

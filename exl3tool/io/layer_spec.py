@@ -1,7 +1,7 @@
 """The one `--layers` grammar (identity, verify-swap, the gate's identity step).
 
-A spec is comma-separated decimal layer numbers and ranges `a-b` (a <= b), plus the keywords a
-command allows: `other` (identity: the tensors outside any layer) or `all` (verify-swap: every
+A spec is comma-separated decimal layer numbers (up to MAX_LAYER) and ranges `a-b` (a <= b),
+plus the keywords a command allows: `other` (identity: the tensors outside any layer) or `all` (verify-swap: every
 layer, the default). Anything else is a UsageError naming the spec (exit 2).
 """
 
@@ -14,6 +14,7 @@ from exl3tool.rules.errors import UsageError
 
 OTHER = "other"
 ALL = "all"
+MAX_LAYER = (1 << 16) - 1  # no model has more layers; a larger number would only size a set
 
 
 @dataclass(frozen=True)
@@ -40,5 +41,7 @@ def parse_layer_spec(spec: str, keywords: Collection[str] = ()) -> LayerSpec:
         if lo is None or (sep and (hi is None or hi < lo)):
             extra = "".join(f" or {k}" for k in sorted(keywords))
             raise UsageError(f"--layers {spec!r}: expected e.g. 3-5,7{extra}")
+        if max(lo, hi or 0) > MAX_LAYER:
+            raise UsageError(f"--layers {spec!r}: layer numbers go up to {MAX_LAYER}")
         layers.update(range(lo, (hi if sep else lo) + 1))
     return LayerSpec(frozenset(layers), frozenset(named))

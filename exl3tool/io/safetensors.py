@@ -447,13 +447,19 @@ def _entry(name: str, entry: object, label: str, findings: Findings) -> TensorIn
     if bits % 8 or bits // 8 != length:
         findings.add(
             rules.ST_SIZE,
-            f"{dtype}{shape} needs {bits / 8:g} bytes, data_offsets span {length}",
+            f"{dtype}{shape} needs {_bytes_text(bits)}, data_offsets span {length}",
             file=label,
             tensor=shown,
             pointer=ptr + "/data_offsets",
         )
         return None
     return TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])
+
+
+def _bytes_text(bits: int) -> str:
+    """`bits` as bytes, in integers only (a hostile shape's product is beyond any float)."""
+    whole, rest = divmod(bits, 8)
+    return f"{whole} bytes" if not rest else f"{whole} bytes and {rest} bits"
 
 
 _BEGIN, _END = itemgetter(3), itemgetter(4)

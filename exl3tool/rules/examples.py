@@ -44,6 +44,7 @@ EXAMPLES = MappingProxyType(
         "JS006": "a 300 MiB config.json",
         "JS007": 'config.json: {"a": [[[[[[ ... 10,000 levels ... ]]]]]]}',
         "JS008": 'config.json: ["exl3", 4.0]',
+        "JS009": "model.safetensors.index.json: a link to /proc/self/mem (reading fails: EIO)",
         # --- PA: paths --------------------------------------------------------------------
         "PA001": 'index weight_map {"w": "model-00002-of-00002.safetensors"} with no such file',
         "PA002": "adapter dir/layer-003.safetensors -> /scratch/other/layer-003.safetensors",

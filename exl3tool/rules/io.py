@@ -261,6 +261,15 @@ JS_NOT_OBJECT = rule(
     "Configs and manifests are JSON objects.",
     "Wrap the content in an object.",
 )
+JS_UNREADABLE = rule(
+    "JS009",
+    "json-unreadable",
+    E,
+    "JSON document cannot be read",
+    "The file is there but reading it failed (an I/O error, a permission, a file that is not "
+    "one): the runtime cannot read it either.",
+    "Replace the file with a readable copy.",
+)
 
 PA_MISSING = rule(
     "PA001",

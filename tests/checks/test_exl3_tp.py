@@ -58,3 +58,14 @@ def test_without_heads_in_config_attention_is_not_judged(model: Path, tmp_path: 
         cfg.pop(key)
     (root / "config.json").write_text(json.dumps(cfg))
     assert _tp001(root, 8) == sorted(["gate_proj", "up_proj", "down_proj"] * 2)
+
+
+@pytest.mark.parametrize(("tp", "refused"), [(2, False), (3, True), (4, True)])
+def test_an_msrt_base_is_judged_by_the_slice_each_rank_takes(tp: int, refused: bool) -> None:
+    # rank0 holds whole experts (256 channels); each rank slices 256/TP of them for itself
+    from exl3tool.actions import plan
+
+    base = Path(__file__).resolve().parents[2] / "examples" / "msrt-base-tiny"
+    assert bool(_tp001(base, tp)) is refused
+    booted = plan.run(plan.PlanOptions(str(base), tp))
+    assert ("TP001" in [f.code for f in booted.findings]) is refused
