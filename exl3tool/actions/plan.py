@@ -118,7 +118,10 @@ def parse_memory(text: str) -> int:
         raise UsageError(f"--gpu-memory {text!r}: a size such as 96GiB, 80GB or 1.5TiB")
     unit = (m.group(2) or "").lower()
     scale = _IUNITS.get(unit) or _UNITS[unit]
-    value = int(Fraction(m.group(1)) * scale)  # exact: a float of 400 digits is infinite
+    try:
+        value = int(Fraction(m.group(1)) * scale)  # exact: a float of 400 digits is infinite
+    except ValueError:  # more digits than Python converts
+        raise UsageError(f"--gpu-memory {text[:40]!r}…: too many digits") from None
     if value <= 0:
         raise UsageError(f"--gpu-memory {text!r} must be positive")
     if value > MAX_MEMORY:

@@ -28,7 +28,10 @@ def parse_size(text: str) -> int:
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
         raise ValueError(f"cannot read size {text!r} (e.g. 5GiB, 500MB, 1048576)")
-    n = int(Fraction(m.group(1)) * _UNITS[unit])  # exact: a float of 400 digits is infinite
+    try:
+        n = int(Fraction(m.group(1)) * _UNITS[unit])  # exact: a float of 400 digits is infinite
+    except ValueError:  # more digits than Python converts
+        raise ValueError(f"size {text[:40]!r}…: too many digits") from None
     if n < 1:
         raise ValueError(f"size {text!r} must be at least one byte")
     if n > MAX_BYTES:

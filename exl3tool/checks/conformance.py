@@ -240,6 +240,9 @@ def check_linear_claims(ckpt: Checkpoint, findings: Findings) -> None:
         )
 
 
+_MODULE_FIELDS = (".weight", ".trellis", ".suh", ".svh", ".su", ".sv")
+
+
 def check_r7_storage_records(ckpt: Checkpoint, findings: Findings) -> None:
     """The records of the tensor_storage map an R7 checkpoint's runtime holds
     (Exl3Config._validate_storage_metadata; a record claims whatever linear it names), and
@@ -248,12 +251,18 @@ def check_r7_storage_records(ckpt: Checkpoint, findings: Findings) -> None:
     ts, where, ptr = runtime_storage(ckpt)
     if not ts:
         return
-    dense = group_linears({n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n})
-    check_storage_records(ckpt, ts, dense, findings, where, ptr)
+    tensors = ckpt.tensors
+    # records of modules the checkpoint ships (a stale record of a module not shipped, such as
+    # an MTP layer left out, is never looked up); validated only without a rank-sliced tail
+    # (with one, the config step returns before Exl3Config._validate_storage_metadata)
+    live = {p: r for p, r in ts.items() if any(p + f in tensors for f in _MODULE_FIELDS)}
+    dense = group_linears({n: r for n, r in tensors.items() if ".mlp.experts." not in n})
+    validated = rank_sliced_tail(ckpt.config) is None
+    check_storage_records(ckpt, live, dense, findings, where, ptr, validated=validated)
     if not any(".mlp.experts." in key for key in ts):
         return
-    wrong: list[tuple[str, str, str | None]] = []  # (trellis, record key, its codebook)
-    for name in ckpt.tensors:
+    wrong: list[tuple[str, str, str | None, str | None]] = []  # trellis, key, promised, held
+    for name in tensors:
         if not name.endswith(".trellis") or ".mlp.experts." not in name:
             continue
         prefix = name[: -len(".trellis")]
@@ -263,23 +272,25 @@ def check_r7_storage_records(ckpt: Checkpoint, findings: Findings) -> None:
         stored = ts[key].get("stored_tensors")
         fields = {n.rpartition(".")[2] for n in stored} if isinstance(stored, dict) else set()
         promised = codebook_of_fields(fields)
-        if promised != "mcg":
-            wrong.append((name, key, promised))
-    for name, key, promised in wrong[:MAX_NAMED]:
+        held = codebook_of_fields({m for m in ("mcg", "mul1") if f"{prefix}.{m}" in tensors})
+        if promised != held:
+            wrong.append((name, key, promised, held))
+    for name, key, promised, held in wrong[:MAX_NAMED]:
         findings.add(
             ex.EX_STORAGE_CODEBOOK,
             f"the tensor_storage record {key!r} makes the runtime expect "
             + (f"the {promised} codebook" if promised else "no codebook marker")
-            + " for this R7 expert projection, which has the mcg marker",
+            + " for this expert projection, which has "
+            + (f"the {held} marker" if held else "no marker"),
             file=where,
             tensor=name,
             pointer=pointer_join(ptr, key),
         )
     if len(wrong) > MAX_NAMED:
-        name, key, _ = wrong[MAX_NAMED]
+        name, key, _, _ = wrong[MAX_NAMED]
         findings.add(
             ex.EX_STORAGE_CODEBOOK,
-            f"{len(wrong) - MAX_NAMED} more R7 expert projections with such a record",
+            f"{len(wrong) - MAX_NAMED} more expert projections with such a record",
             file=where,
             tensor=name,
             pointer=pointer_join(ptr, key),

@@ -107,16 +107,21 @@ def check_storage_records(
     findings: Findings,
     file: str,
     base: str,
+    *,
+    validated: bool = True,
 ) -> None:
-    """The records of a tensor_storage map: well formed (EX025), their stored tensors held as
-    described (EX021, EX023), and for the linears of `groups` their bits and codebook."""
+    """The records of a tensor_storage map: well formed (EX025; `validated` False: a runtime
+    path that does not validate them, only a record it cannot read at all is reported), their
+    stored tensors held as described (EX021, EX023), and for the linears of `groups` their
+    bits and codebook."""
     for prefix, rec in ts.items():
         ptr = pointer_join(base, prefix)
         problem = _record_problem(prefix, rec)
-        if problem is not None:
+        unusable = not isinstance(rec, dict) or not isinstance(rec.get("stored_tensors"), dict)
+        if problem is not None and (validated or unusable):
             findings.add(ex.EX_STORAGE_RECORD, problem, file=file, pointer=ptr)
-            if not isinstance(rec, dict) or not isinstance(rec.get("stored_tensors"), dict):
-                continue
+        if unusable:
+            continue
         for name, meta in rec["stored_tensors"].items():
             _check_stored(ckpt, name, meta, pointer_join(ptr, "stored_tensors"), file, findings)
         group = groups.get(prefix)

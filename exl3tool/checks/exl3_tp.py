@@ -10,6 +10,7 @@ with fewer KV heads than ranks are replicated per head group: a rank holds one h
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import LinearGroup
@@ -25,6 +26,43 @@ ATTENTION = frozenset(("q_proj", "k_proj", "v_proj", "o_proj"))
 SPLIT = COLUMN | ROW  # an expert's projections
 DENSE = COLUMN | ROW | KV
 EXPERTS = ".mlp.experts."
+
+
+def _config_sizes(config: Any) -> dict[tuple[str, str], int]:
+    """The logical sizes config.json gives the split side of each linear kind: the runtime
+    partitions those, not the trellis a converter padded to 128 (docs/formats/exl3.md §1.4)."""
+    cfg = config if isinstance(config, dict) else {}
+    text = cfg.get("text_config")
+    cfg = {**cfg, **text} if isinstance(text, dict) else cfg
+
+    def num(key: str) -> int | None:
+        v = cfg.get(key)
+        return v if type(v) is int and v > 0 else None
+
+    out: dict[tuple[str, str], int] = {}
+    for key, where in (("intermediate_size", ("gate_proj", "up_proj", "down_proj")),
+                       ("moe_intermediate_size", ("expert",))):  # fmt: skip
+        if (v := num(key)) is not None:
+            for kind in where:
+                out[(kind, "in" if kind == "down_proj" else "out")] = v
+            if where == ("expert",):
+                out[("expert", "in")] = v  # down_proj's input, gate/up's output
+    heads, kv, head_dim = num("num_attention_heads"), num("num_key_value_heads"), num("head_dim")
+    if heads and not head_dim and num("hidden_size") and num("hidden_size") % heads == 0:
+        head_dim = num("hidden_size") // heads  # type: ignore[operator]
+    if heads and head_dim:
+        out[("q_proj", "out")] = out[("o_proj", "in")] = heads * head_dim
+        kv = kv or heads
+        out[("k_proj", "out")] = out[("v_proj", "out")] = kv * head_dim
+    return out
+
+
+def _logical(stored: int, logical: int | None) -> int:
+    """The logical size where config.json's is the one `stored` pads to 128, else `stored`
+    (a linear the config does not describe, such as a shared expert's wider MLP)."""
+    if logical is not None and -(-logical // HAD) * HAD == stored:
+        return logical
+    return stored
 
 
 def _per_rank(leaf: str, k_in: int, n_out: int, tp: int, kv_heads: int | None) -> tuple[str, int]:
@@ -68,12 +106,16 @@ def check_tp_slices(
         return
     geometry = attention_geometry(ckpt.config)
     kv_heads = geometry[0] if geometry else None
+    sizes = _config_sizes(ckpt.config)
     refused: dict[str, list] = {}  # message -> [first tensor, file, count]
     for prefix, t in linears:
         if len(t.info.shape) != 3:
             continue
-        k_in, n_out = t.info.shape[0] * 16, t.info.shape[1] * 16
         leaf = prefix.rpartition(".")[2]
+        kind = "expert" if EXPERTS in prefix else leaf
+        k_in, n_out = t.info.shape[0] * 16, t.info.shape[1] * 16
+        k_in = _logical(k_in, sizes.get((kind, "in")))
+        n_out = _logical(n_out, sizes.get((kind, "out")))
         if EXPERTS in prefix:
             if not experts or leaf not in SPLIT:
                 continue

@@ -11,6 +11,7 @@ parameter for expert tensors stored there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from exl3tool.checks.conformance import claims_linear, runtime_storage
@@ -25,9 +26,13 @@ MAX_LAYERS = 1 << 16  # a model with more layers is not judged (a hostile count 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
-def model_moe_layers(config: Any) -> tuple[set[int], int, str] | None:
+def model_moe_layers(
+    config: Any, shipped: Callable[[int], bool] = lambda _layer: True
+) -> tuple[set[int], int, str] | None:
     """(MoE layers, layer count, how they were derived) from a DeepSeek-style config, or None
-    when it does not say (no first_k_dense_replace, or counts that are not plain integers)."""
+    when it does not say (no first_k_dense_replace, or counts that are not plain integers).
+    MTP layers count only where `shipped(layer)`: without their weights the target model loads
+    without them (only a speculative draft would build them)."""
     if not isinstance(config, dict):
         return None
     first, n, mtp = (config.get(k) for k in ("first_k_dense_replace", "num_hidden_layers",
@@ -36,9 +41,9 @@ def model_moe_layers(config: Any) -> tuple[set[int], int, str] | None:
     mtp = 0 if mtp is None else mtp
     if not all(is_json_int(v) for v in (first, n, mtp, freq)) or freq < 1 or first < 0:
         return None
-    total = n + mtp
-    if not 0 < total <= MAX_LAYERS or mtp < 0:
+    if not 0 < n + mtp <= MAX_LAYERS or mtp < 0:
         return None
+    total = n + sum(1 for layer in range(n, n + mtp) if shipped(layer))
     how = f"first_k_dense_replace {first}, moe_layer_freq {freq}"
     return {layer for layer in range(first, total) if layer % freq == 0}, total, how
 
@@ -50,7 +55,11 @@ def check_model_moe_layers(
     table: ExpertTable,
     findings: Findings,
 ) -> None:
-    got = model_moe_layers(ckpt.config)
+    def shipped(layer: int) -> bool:
+        head = f"model.layers.{layer}."
+        return any(name.startswith(head) for name in ckpt.tensors)
+
+    got = model_moe_layers(ckpt.config, shipped)
     if got is None:
         return
     moe, total, how = got

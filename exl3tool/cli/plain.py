@@ -88,9 +88,10 @@ def identity_body(
         text = identity_json_chunks(ident) if fmt == "json" else identity_text(ident, result.path)
         try:
             write_output(output, text, force=force)
-        except BaseException:
-            # the two outputs go together: the manifest the action published is taken back
-            if result.manifest_files is not None and sha256sum is not None:
+        except Exception:
+            # -o and --sha256sum go together: a record that could not be written takes back
+            # the manifest the action published (stdout's failures leave it: both were asked)
+            if output is not None and result.manifest_files is not None and sha256sum:
                 Path(sha256sum).unlink(missing_ok=True)
             raise
     sys.stderr.write(finding_lines(result.findings))

@@ -69,3 +69,16 @@ def test_an_msrt_base_is_judged_by_the_slice_each_rank_takes(tp: int, refused: b
     assert bool(_tp001(base, tp)) is refused
     booted = plan.run(plan.PlanOptions(str(base), tp))
     assert ("TP001" in [f.code for f in booted.findings]) is refused
+
+
+def test_the_runtime_splits_the_configs_sizes_not_the_padded_trellis(tmp_path: Path) -> None:
+    # a 448-wide MLP stored padded to 512 (docs/formats/exl3.md §1.4): at TP 2 each rank's
+    # slice is 224 channels of the logical 448, which the runtime refuses
+    root = build_exl3(tmp_path / "m", hidden=512, kv_dim=256, intermediate=512, moe_layers=())
+    cfg = json.loads((root / "config.json").read_text())
+    cfg.update(num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+    (root / "config.json").write_text(json.dumps(cfg))
+    assert _tp001(root, 2) == []
+    cfg["intermediate_size"] = 448
+    (root / "config.json").write_text(json.dumps(cfg))
+    assert _tp001(root, 2) == ["down_proj", "gate_proj", "up_proj"]

@@ -654,19 +654,61 @@ _E0G = f"{E0}.gate_proj"
     [
         (("trellis", "suh", "svh"), "EX032"),  # no marker: the runtime expects none
         (("trellis", "suh", "svh", "mul1"), "EX032"),  # mul1 expected, the expert has mcg
-        (("trellis", "svh", "mcg"), "EX025"),  # an exl3 record without suh|su
     ],
 )
 def test_an_r7_experts_tensor_storage_record_is_checked(
     pristine: dict[str, Path], tmp_path: Path, fields: tuple[str, ...], code: str
 ) -> None:
     # a record the runtime finds for an expert projection decides its codebook before the R7
-    # block does; every record of the map it holds is validated
+    # block does
     root = copy(pristine["r7"], tmp_path / "ckpt")
     record = {"quant_format": "exl3", "stored_tensors": {f"{_E0G}.{f}": {} for f in fields}}
     edit_qc(root, lambda q: q.setdefault("tensor_storage", {}).update({_E0G: record}))
     hits = [f for f in run(root).findings if f.code == code]
     assert hits and hits[0].level is Severity.ERROR
+
+
+@pytest.mark.parametrize("tail", [False, True])
+def test_r7_records_are_validated_only_where_the_runtime_validates_them(
+    tmp_path: Path, tail: bool
+) -> None:
+    # without a carried tail the config step validates every exl3 record (an expert record
+    # written without suh is refused); with one it returns first, and nothing reads the record
+    # but its codebook suffix
+    from dataclasses import replace
+
+    from make_examples import r7_tiny_spec
+
+    from exl3tool.synth.r7 import build_r7
+
+    root = build_r7(tmp_path / "r7", replace(r7_tiny_spec(), mtp=tail))
+    fields = {f"{_E0G}.{f}": {} for f in ("trellis", "svh", "mcg")}
+    record = {"quant_format": "exl3", "stored_tensors": fields}
+    edit_qc(root, lambda q: q.setdefault("tensor_storage", {}).update({_E0G: record}))
+    assert ("EX025" in run(root).findings.codes()) is not tail
+
+
+def test_a_stale_r7_record_of_a_module_not_shipped_is_not_checked(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    root = copy(pristine["r7"], tmp_path / "ckpt")
+    gone = "model.layers.3.self_attn.q_b_proj"  # no such module in the checkpoint
+    fields = {f"{gone}.{f}": {} for f in ("trellis", "suh", "svh", "mcg")}
+    record = {"quant_format": "exl3", "stored_tensors": fields}
+    edit_qc(root, lambda q: q.setdefault("tensor_storage", {}).update({gone: record}))
+    assert not {"EX021", "EX023", "EX025"} & run(root).findings.codes()
+
+
+def test_an_mtp_layer_not_shipped_is_no_moe_layer_to_claim(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    # num_nextn_predict_layers 2: layer 3 is carried, layer 4 is not shipped; the target model
+    # builds num_hidden_layers layers and a draft only what it has weights for
+    root = copy(pristine["r7"], tmp_path / "ckpt")
+    config(lambda c: c.update(num_nextn_predict_layers=2))(root)
+    assert "R7035" not in run(root).findings.codes()
+    config(lambda c: c.update(first_k_dense_replace=0))(root)  # layer 0: MoE, unclaimed
+    assert "R7035" in run(root).findings.codes()
 
 
 def test_an_r7_record_for_a_linear_stored_unquantized_is_ex021(

@@ -122,3 +122,21 @@ def test_a_failed_record_takes_its_manifest_back(
     r = run("identity", BASE, "--sha256sum", sums, "-o", rec)
     assert r.exit_code != 0
     assert not sums.exists() and not rec.exists()
+
+
+def test_a_closed_stdout_keeps_the_manifest(tmp_path: Path) -> None:
+    """Only a failed -o takes the manifest back: a reader that stops early (`| head`) leaves
+    the --sha256sum file that was asked for."""
+    import subprocess
+    import sys
+
+    sums = tmp_path / "SHA256SUMS"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exl3tool", "identity", str(BASE), "--sha256sum", str(sums)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader is gone before anything is printed
+    assert proc.wait(timeout=60) == 141
+    assert sums.is_file() and sums.read_text().count("\n") > 3
