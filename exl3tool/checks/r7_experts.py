@@ -20,7 +20,7 @@ from exl3tool.formats.r7 import MARKER, Block, R7Payload, layer_shard
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.io.views import TensorReader
 from exl3tool.rules import r7 as r7
-from exl3tool.rules.registry import Findings
+from exl3tool.rules.registry import Findings, Severity
 
 MAX_MISSING = 20
 SHARED_VECTORS = ("gate_up_suh", "down_svh")
@@ -343,12 +343,26 @@ def _check_expert_vectors(
             why += "it for every expert"
         else:
             why = "a layer of one K serves this copy, a layer of several K tiers the shared one"
+        same = _same_bytes(ctx, extra, ctx.table.layer_vectors.get((slot.layer, vector)))
         ctx.findings.add(
             r7.R7_UNEXPECTED_VECTOR,
-            f"per-expert {shared}; R7 uses {vector}: {why}",
+            f"per-expert {shared}; R7 uses {vector}: "
+            + ("a byte-identical copy, served the same either way" if same else why),
             file=extra.file,
             tensor=extra.name,
+            severity=Severity.WARNING if same else None,
         )
+
+
+def _same_bytes(ctx: ExpertsContext, a: TensorRef, b: TensorRef | None) -> bool:
+    """Whether two small vectors hold the same bytes (False when one cannot be read)."""
+    if b is None or a.info.dtype != b.info.dtype or a.info.shape != b.info.shape:
+        return False
+    try:
+        rd = ctx.reader
+        return bytes(rd.payload(a.shard, a.info)) == bytes(rd.payload(b.shard, b.info))
+    except (OSError, ValueError):  # the payload checks report an unreadable shard
+        return False
 
 
 def _check_shard_meta(st: Any, layer: int, findings: Findings) -> None:

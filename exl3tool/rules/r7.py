@@ -164,7 +164,8 @@ R7_UNEXPECTED_VECTOR = rule(
     "R7 layers have no per-expert gate/up suh or down svh; the loader uses r7_shared (§3.1). "
     "Expert 0's copy takes the r7_shared vectors' place, so it would be served for every "
     "expert's projection; another expert's copy is served by a layer of one K and ignored by a "
-    "layer of several K tiers, so what is served depends on the layer's tiers.",
+    "layer of several K tiers, so what is served depends on the layer's tiers. A byte-identical "
+    "copy of the shared vector is only a warning: it is served the same either way.",
     "Drop the tensor or move it to r7_shared.",
 )
 R7_TIER = rule(

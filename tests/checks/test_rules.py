@@ -721,6 +721,19 @@ def test_an_r7_record_for_a_linear_stored_unquantized_is_ex021(
     assert "EX021" in run(root).findings.codes()
 
 
+def test_a_byte_identical_copy_of_the_shared_vector_is_only_a_warning(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    from checks_fixtures import load_shard
+
+    root = copy(pristine["r7"], tmp_path / "ckpt")
+    tensors, _ = load_shard(root / L1)
+    dtype, shared = tensors["model.layers.1.mlp.experts.r7_shared.gate_up_suh"]
+    put("model.layers.1.mlp.experts.1.gate_proj.suh", dtype, shared.copy(), L1)(root)
+    (f,) = [f for f in run(root).findings if f.code == "R7029"]
+    assert f.level is Severity.WARNING and "byte-identical" in f.message
+
+
 @pytest.mark.parametrize(
     ("name", "where"),
     [
