@@ -111,6 +111,8 @@ def check_tp_slices(
     for prefix, t in linears:
         if len(t.info.shape) != 3:
             continue
+        if "vision" in prefix or "visual" in prefix:
+            continue  # an encoder tower: its own heads, and the runtime may replicate it
         leaf = prefix.rpartition(".")[2]
         kind = "expert" if EXPERTS in prefix else leaf
         k_in, n_out = t.info.shape[0] * 16, t.info.shape[1] * 16

@@ -82,3 +82,25 @@ def test_the_runtime_splits_the_configs_sizes_not_the_padded_trellis(tmp_path: P
     cfg["intermediate_size"] = 448
     (root / "config.json").write_text(json.dumps(cfg))
     assert _tp001(root, 2) == ["down_proj", "gate_proj", "up_proj"]
+
+
+def test_an_encoder_towers_attention_is_not_split_by_the_text_models_heads() -> None:
+    from exl3tool.checks.exl3_tp import check_tp_slices
+    from exl3tool.formats.checkpoint import Checkpoint, TensorRef
+    from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo
+    from exl3tool.rules.registry import Findings
+
+    st = SafetensorsFile(Path("m.safetensors"), "m.safetensors", 0, 0, FileStamp(0, 0, 0, 0, 0))
+    ckpt = Checkpoint(root=Path("."))
+    ckpt.config = {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
+    shape = (72, 72, 64)  # 1152 x 1152: a SigLIP-sized projection
+    linears = [
+        (p, TensorRef(st, TensorInfo(f"{p}.trellis", "I16", shape, 0, 0)))
+        for p in (
+            "model.vision_tower.encoder.layers.0.self_attn.q_proj",
+            "model.visual.blocks.0.attn.k_proj",
+        )
+    ]
+    findings = Findings()
+    check_tp_slices(ckpt, linears, 4, findings)
+    assert not findings
