@@ -24,6 +24,7 @@ from exl3tool.rules.registry import Findings
 
 MAX_LAYERS = 1 << 16  # a model with more layers is not judged (a hostile count sizes no loop)
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+MAX_SCANNED = 4  # MTP layers without expert tensors looked for among all names (models have 1-3)
 
 
 def model_moe_layers(
@@ -55,7 +56,15 @@ def check_model_moe_layers(
     table: ExpertTable,
     findings: Findings,
 ) -> None:
+    with_experts = table.layers()
+    scans = [MAX_SCANNED]  # name scans left: a hostile MTP count sizes no loop over the tensors
+
     def shipped(layer: int) -> bool:
+        if layer in with_experts:
+            return True
+        if scans[0] <= 0:
+            return False
+        scans[0] -= 1
         head = f"model.layers.{layer}."
         return any(name.startswith(head) for name in ckpt.tensors)
 
@@ -72,23 +81,38 @@ def check_model_moe_layers(
         prefix = f"model.layers.{layer}.mlp.experts.0"
         return bool(storage) and all(claims_linear(storage, f"{prefix}.{p}") for p in PROJECTIONS)
 
-    for layer in sorted(moe):
-        if not covered(layer) and layer not in bf16:
-            findings.add(
-                r7.R7_MODEL_MOE,
-                f"layer {layer} is a MoE layer of the model ({how}) that neither moe_layers "
-                f"[{block.first}, {block.last}] nor the carried tail covers and no "
-                "tensor_storage record claims: the runtime builds its experts unquantized, and "
-                "no BF16 expert tensors fill them",
-                file="config.json",
-                pointer="/first_k_dense_replace",
-            )
-    for layer in sorted(table.layers()):
-        if 0 <= layer < total and layer not in moe:
-            findings.add(
-                r7.R7_MODEL_MOE,
-                f"layer {layer} holds expert tensors but is a dense layer of the model ({how}): "
-                "the weight loader has no experts parameter there",
-                file="config.json",
-                pointer="/first_k_dense_replace",
-            )
+    uncovered = [layer for layer in sorted(moe) if not covered(layer) and layer not in bf16]
+    if uncovered:
+        verb = "is a MoE layer" if len(uncovered) == 1 else "are MoE layers"
+        findings.add(
+            r7.R7_MODEL_MOE,
+            f"{_layers_text(uncovered)} {verb} of the model ({how}) that neither moe_layers "
+            f"[{block.first}, {block.last}] nor the carried tail covers and no tensor_storage "
+            "record claims: the runtime builds their experts unquantized, and no BF16 expert "
+            "tensors fill them",
+            file="config.json",
+            pointer="/first_k_dense_replace",
+        )
+    dense = [layer for layer in sorted(table.layers()) if 0 <= layer < total and layer not in moe]
+    if dense:
+        findings.add(
+            r7.R7_MODEL_MOE,
+            f"{_layers_text(dense)} {'holds' if len(dense) == 1 else 'hold'} expert tensors but "
+            f"{'is a dense layer' if len(dense) == 1 else 'are dense layers'} of the model "
+            f"({how}): the weight loader has no experts parameter there",
+            file="config.json",
+            pointer="/first_k_dense_replace",
+        )
+
+
+def _layers_text(layers: list[int]) -> str:
+    """`layer 4`, or `layers 0, 3-9, 12` (sorted, runs joined; at most 8 runs named)."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:8]]
+    more = f" and {len(runs) - 8} more runs" if len(runs) > 8 else ""
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(parts) + more

@@ -711,6 +711,16 @@ def test_an_mtp_layer_not_shipped_is_no_moe_layer_to_claim(
     assert "R7035" in run(root).findings.codes()
 
 
+def test_hostile_layer_counts_give_one_r7035_and_no_long_scan(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    root = copy(pristine["r7"], tmp_path / "ckpt")
+    config(lambda c: c.update(num_hidden_layers=60000, first_k_dense_replace=0))(root)
+    config(lambda c: c.update(num_nextn_predict_layers=5000))(root)  # none of them shipped
+    hits = [f for f in run(root).findings if f.code == "R7035"]
+    assert len(hits) == 1 and "layers 0, 4-59999" in hits[0].message  # 1-2: R7, 3: the tail
+
+
 def test_an_r7_record_for_a_linear_stored_unquantized_is_ex021(
     pristine: dict[str, Path], tmp_path: Path
 ) -> None:
