@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_raises() -> object:
+    """Ctrl-C raises KeyboardInterrupt in the test process, as in a terminal. A shell without
+    job control starts a background job (`make test &`, some CI runners) with SIGINT ignored,
+    and Python then installs no handler of its own: the tests that interrupt themselves would
+    wait for a signal that never comes."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
 
 
 @pytest.fixture(autouse=True)
