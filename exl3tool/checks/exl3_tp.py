@@ -1,4 +1,5 @@
-"""TP001 for `validate --tp N` of EXL3 linears: the runtime's own split (docs/formats/exl3.md §6).
+"""TP001 for `validate --tp N` and `plan --tp N`: the runtime's own split of EXL3 linears
+(docs/formats/exl3.md §6).
 
 The serving runtime gives each of N ranks an equal slice of a linear: column-parallel linears
 (q/k/v, gate/up) their outputs, row-parallel ones (o_proj, down_proj) their inputs, routed
@@ -39,14 +40,11 @@ def _config_sizes(config: Any) -> dict[tuple[str, str], int]:
         v = cfg.get(key)
         return v if type(v) is int and v > 0 else None
 
-    out: dict[tuple[str, str], int] = {}
-    for key, where in (("intermediate_size", ("gate_proj", "up_proj", "down_proj")),
-                       ("moe_intermediate_size", ("expert",))):  # fmt: skip
-        if (v := num(key)) is not None:
-            for kind in where:
-                out[(kind, "in" if kind == "down_proj" else "out")] = v
-            if where == ("expert",):
-                out[("expert", "in")] = v  # down_proj's input, gate/up's output
+    out: dict[tuple[str, str], int] = {}  # (linear kind, "in" | "out") -> channels
+    if (inter := num("intermediate_size")) is not None:
+        out[("gate_proj", "out")] = out[("up_proj", "out")] = out[("down_proj", "in")] = inter
+    if (moe := num("moe_intermediate_size")) is not None:
+        out[("expert", "out")] = out[("expert", "in")] = moe  # gate/up out, down in
     heads, kv, head_dim = num("num_attention_heads"), num("num_key_value_heads"), num("head_dim")
     if heads and not head_dim and num("hidden_size") and num("hidden_size") % heads == 0:
         head_dim = num("hidden_size") // heads  # type: ignore[operator]
