@@ -29,11 +29,11 @@ MAX_SCANNED = 4  # MTP layers without expert tensors looked for among all names 
 
 def model_moe_layers(
     config: Any, shipped: Callable[[int], bool] = lambda _layer: True
-) -> tuple[set[int], int, str] | None:
-    """(MoE layers, layer count, how they were derived) from a DeepSeek-style config, or None
-    when it does not say (no first_k_dense_replace, or counts that are not plain integers).
-    MTP layers count only where `shipped(layer)`: without their weights the target model loads
-    without them (only a speculative draft would build them)."""
+) -> tuple[set[int], set[int], str] | None:
+    """(MoE layers, every layer the model builds, how they were derived) from a DeepSeek-style
+    config, or None when it does not say (no first_k_dense_replace, or counts that are not plain
+    integers). MTP layers count only where `shipped(layer)`: without their weights the target
+    model loads without them (only a speculative draft would build them)."""
     if not isinstance(config, dict):
         return None
     first, n, mtp = (config.get(k) for k in ("first_k_dense_replace", "num_hidden_layers",
@@ -44,9 +44,9 @@ def model_moe_layers(
         return None
     if not 0 < n + mtp <= MAX_LAYERS or mtp < 0:
         return None
-    total = n + sum(1 for layer in range(n, n + mtp) if shipped(layer))
+    built = set(range(n)) | {layer for layer in range(n, n + mtp) if shipped(layer)}
     how = f"first_k_dense_replace {first}, moe_layer_freq {freq}"
-    return {layer for layer in range(first, total) if layer % freq == 0}, total, how
+    return {layer for layer in built if layer >= first and layer % freq == 0}, built, how
 
 
 def check_model_moe_layers(
@@ -56,6 +56,7 @@ def check_model_moe_layers(
     table: ExpertTable,
     findings: Findings,
 ) -> None:
+    """R7035 both ways: a MoE layer nothing claims, and expert tensors on a dense layer."""
     with_experts = table.layers()
     scans = [MAX_SCANNED]  # name scans left: a hostile MTP count sizes no loop over the tensors
 
@@ -71,7 +72,7 @@ def check_model_moe_layers(
     got = model_moe_layers(ckpt.config, shipped)
     if got is None:
         return
-    moe, total, how = got
+    moe, built, how = got
     storage = runtime_storage(ckpt)[0]
     bf16 = {layer for (layer, _e, _p), parts in table.plain.items() if "weight" in parts}
 
@@ -93,7 +94,7 @@ def check_model_moe_layers(
             file="config.json",
             pointer="/first_k_dense_replace",
         )
-    dense = [layer for layer in sorted(table.layers()) if 0 <= layer < total and layer not in moe]
+    dense = [layer for layer in sorted(with_experts) if layer in built and layer not in moe]
     if dense:
         findings.add(
             r7.R7_MODEL_MOE,
