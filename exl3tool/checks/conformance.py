@@ -261,20 +261,7 @@ def check_r7_storage_records(ckpt: Checkpoint, findings: Findings) -> None:
     check_storage_records(ckpt, live, dense, findings, where, ptr, validated=validated)
     if not any(".mlp.experts." in key for key in ts):
         return
-    wrong: list[tuple[str, str, str | None, str | None]] = []  # trellis, key, promised, held
-    for name in tensors:
-        if not name.endswith(".trellis") or ".mlp.experts." not in name:
-            continue
-        prefix = name[: -len(".trellis")]
-        key = next((k for k in _storage_keys(prefix) if isinstance(ts.get(k), dict)), None)
-        if key is None:
-            continue
-        stored = ts[key].get("stored_tensors")
-        fields = {n.rpartition(".")[2] for n in stored} if isinstance(stored, dict) else set()
-        promised = codebook_of_fields(fields)
-        held = codebook_of_fields({m for m in ("mcg", "mul1") if f"{prefix}.{m}" in tensors})
-        if promised != held:
-            wrong.append((name, key, promised, held))
+    wrong = _expert_codebook_mismatches(ts, tensors)
     for name, key, promised, held in wrong[:MAX_NAMED]:
         findings.add(
             ex.EX_STORAGE_CODEBOOK,
@@ -295,6 +282,28 @@ def check_r7_storage_records(ckpt: Checkpoint, findings: Findings) -> None:
             tensor=name,
             pointer=pointer_join(ptr, key),
         )
+
+
+def _expert_codebook_mismatches(
+    ts: dict[str, Any], tensors: dict[str, Any]
+) -> list[tuple[str, str, str | None, str | None]]:
+    """(trellis, record key, codebook the record promises, marker the expert holds) of every
+    expert projection whose record (found as the runtime finds it) promises another codebook."""
+    wrong = []
+    for name in tensors:
+        if not name.endswith(".trellis") or ".mlp.experts." not in name:
+            continue
+        prefix = name[: -len(".trellis")]
+        key = next((k for k in _storage_keys(prefix) if isinstance(ts.get(k), dict)), None)
+        if key is None:
+            continue
+        stored = ts[key].get("stored_tensors")
+        fields = {n.rpartition(".")[2] for n in stored} if isinstance(stored, dict) else set()
+        promised = codebook_of_fields(fields)
+        held = codebook_of_fields({m for m in ("mcg", "mul1") if f"{prefix}.{m}" in tensors})
+        if promised != held:
+            wrong.append((name, key, promised, held))
+    return wrong
 
 
 def _is_mixed(bits: Any) -> bool:
