@@ -11,6 +11,9 @@ from exl3tool.checks import slices
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect
+from exl3tool.io.fs import shown
+from exl3tool.io.paths import relative_path_problem
+from exl3tool.rules import tp as tp_rules
 from exl3tool.rules.registry import Findings
 
 
@@ -49,10 +52,10 @@ def check_slices_dir(out: Path, findings: Findings, options: ValidateOptions) ->
         return {}
     slices.check_files(out, doc, findings, digests=options.hash)
     kinds = set()
-    for rec in doc["ranks"]:
-        folder = out / rec["dir"]
-        if not folder.is_dir():
-            continue  # its files are reported missing above
+    for i, rec in enumerate(doc["ranks"]):
+        folder = _rank_folder(out, rec["dir"], f"/ranks/{i}/dir", findings)
+        if folder is None:
+            continue
         sub = Findings()
         kind = detect(folder)
         kinds.add(kind.value)
@@ -61,3 +64,22 @@ def check_slices_dir(out: Path, findings: Findings, options: ValidateOptions) ->
         findings.extend(slices.relocate(sub, rec["dir"]))
     return {"tp": doc["tp"], "layout": doc["layout"], "ranks": len(doc["ranks"]),
             "rank_kinds": sorted(kinds)}  # fmt: skip
+
+
+def _rank_folder(out: Path, rel: str, pointer: str, findings: Findings) -> Path | None:
+    """The rank folder a manifest names, inside `out`; TP007 when the name is no relative path
+    (`..`, absolute, too long) or the folder is not there."""
+    problem = relative_path_problem(rel)
+    folder = out / rel
+    if problem is None:
+        try:
+            if folder.is_dir():
+                return folder
+        except OSError:  # the file system cannot reach it
+            pass
+        problem = "names no folder of the output"
+    findings.add(
+        tp_rules.TP_MANIFEST, f"rank folder {shown(rel)!r} {problem}", file=slices.SLICES_MANIFEST,
+        pointer=pointer,
+    )  # fmt: skip
+    return None

@@ -111,3 +111,22 @@ def test_rank_sliced_layout_output_validates_as_rank_sliced(tmp_path: Path) -> N
     got = levels(out, runtime="cartridge")  # a K2 base: the cartridge runtime serves K2
     assert got["kind"] == {"rank-sliced"} and not {"error", "warning"} & set(got)
     assert "RS020" in levels(out)["error"]  # the public runtime refuses uniform K2
+
+
+@pytest.mark.parametrize("name", ["/etc", "../rank-0", "x" * 300, "rank-9"])
+def test_a_rank_folder_the_manifest_names_outside_or_nowhere_is_tp007(
+    base_slices: Path, tmp_path: Path, name: str
+) -> None:
+    # never followed out of the output (an absolute or `..` name), never a traceback (a name
+    # too long for the file system), never silently skipped (a folder that is not there)
+    import json
+
+    out = shutil.copytree(base_slices, tmp_path / "out")
+    manifest = out / "exl3tool-slices.json"
+    doc = json.loads(manifest.read_text())
+    doc["ranks"][1]["dir"] = name
+    manifest.write_text(json.dumps(doc))
+    _, findings = validate_path(out, ValidateOptions())
+    hits = [f for f in findings if f.code == "TP007"]
+    assert [f.location.pointer for f in hits] == ["/ranks/1/dir"]
+    assert not any(f.code.endswith("099") for f in findings)
