@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from exl3tool.checks.exl3 import check_storage_records, codebook_of_fields
+from exl3tool.checks.exl3 import check_storage_records
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.detect import Kind
-from exl3tool.formats.exl3 import group_linears
+from exl3tool.formats.exl3 import codebook_of, group_linears
 from exl3tool.formats.names import ExpertPrefixes
 from exl3tool.formats.tail import config_tail, layer_range
 from exl3tool.io.strict_json import is_json_int, pointer_join
@@ -266,9 +266,9 @@ def check_r7_storage_records(ckpt: Checkpoint, findings: Findings) -> None:
         findings.add(
             ex.EX_STORAGE_CODEBOOK,
             f"the tensor_storage record {key!r} makes the runtime expect "
-            + (f"the {promised} codebook" if promised else "no codebook marker")
+            + (f"the {promised} codebook" if promised != "3inst" else "no codebook marker")
             + " for this expert projection, which has "
-            + (f"the {held} marker" if held else "no marker"),
+            + (f"the {held} marker" if held != "3inst" else "no marker"),
             file=where,
             tensor=name,
             pointer=pointer_join(ptr, key),
@@ -286,7 +286,7 @@ def check_r7_storage_records(ckpt: Checkpoint, findings: Findings) -> None:
 
 def _expert_codebook_mismatches(
     ts: dict[str, Any], tensors: dict[str, Any]
-) -> list[tuple[str, str, str | None, str | None]]:
+) -> list[tuple[str, str, str, str]]:
     """(trellis, record key, codebook the record promises, marker the expert holds) of every
     expert projection whose record (found as the runtime finds it) promises another codebook."""
     wrong = []
@@ -299,8 +299,8 @@ def _expert_codebook_mismatches(
             continue
         stored = ts[key].get("stored_tensors")
         fields = {n.rpartition(".")[2] for n in stored} if isinstance(stored, dict) else set()
-        promised = codebook_of_fields(fields)
-        held = codebook_of_fields({m for m in ("mcg", "mul1") if f"{prefix}.{m}" in tensors})
+        promised = codebook_of(fields)
+        held = codebook_of({m for m in ("mcg", "mul1") if f"{prefix}.{m}" in tensors})
         if promised != held:
             wrong.append((name, key, promised, held))
     return wrong

@@ -11,7 +11,13 @@ from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.payload import FiniteCheck, RandomAccessReader
 from exl3tool.checks.routers import check_routers
 from exl3tool.formats.checkpoint import Checkpoint
-from exl3tool.formats.exl3 import MCG_MULTIPLIER, MUL1_MULTIPLIER, LinearGroup, group_linears
+from exl3tool.formats.exl3 import (
+    MCG_MULTIPLIER,
+    MUL1_MULTIPLIER,
+    LinearGroup,
+    codebook_of,
+    group_linears,
+)
 from exl3tool.formats.experts import config_int, expert_count
 from exl3tool.formats.names import layer_of
 from exl3tool.io.dtypes import TORCH_NAMES
@@ -130,22 +136,17 @@ def check_storage_records(
             _check_record_codebook(prefix, rec, group, ptr, file, findings)
 
 
-def codebook_of_fields(suffixes: Any) -> str | None:
-    """The codebook the runtime expects from the field names of a record (or of a linear)."""
-    return "mcg" if "mcg" in suffixes else "mul1" if "mul1" in suffixes else None
-
-
 def _check_record_codebook(
     prefix: str, rec: dict, group: LinearGroup, ptr: str, file: str, findings: Findings
 ) -> None:
     """EX032: the record promises a marker the linear does not have (or another one)."""
-    promised = codebook_of_fields({name.rsplit(".", 1)[-1] for name in rec["stored_tensors"]})
-    held = codebook_of_fields(group.parts)
-    if promised is not None and promised != held:
+    promised = codebook_of({name.rsplit(".", 1)[-1] for name in rec["stored_tensors"]})
+    held = group.codebook
+    if promised != "3inst" and promised != held:
         findings.add(
             ex.EX_STORAGE_CODEBOOK,
             f"the record lists a .{promised} marker, so the runtime expects the {promised} "
-            f"codebook; {prefix} has " + (f"a .{held} marker" if held else "no marker"),
+            f"codebook; {prefix} has " + (f"a .{held} marker" if held != "3inst" else "no marker"),
             file=file,
             tensor=f"{prefix}.trellis",
             pointer=pointer_join(ptr, "stored_tensors"),

@@ -58,14 +58,15 @@ def check_model_moe_layers(
 ) -> None:
     """R7035 both ways: a MoE layer nothing claims, and expert tensors on a dense layer."""
     with_experts = table.layers()
-    scans = [MAX_SCANNED]  # name scans left: a hostile MTP count sizes no loop over the tensors
+    scans = MAX_SCANNED  # name scans left: a hostile MTP count sizes no loop over the tensors
 
     def shipped(layer: int) -> bool:
+        nonlocal scans
         if layer in with_experts:
             return True
-        if scans[0] <= 0:
+        if scans <= 0:
             return False
-        scans[0] -= 1
+        scans -= 1
         head = f"model.layers.{layer}."
         return any(name.startswith(head) for name in ckpt.tensors)
 

@@ -5,6 +5,7 @@ docs/formats/exl3.md §1: K = trellis.shape[-1] / 16; integer 1..8, or 1.5/2.5/3
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from exl3tool.formats.checkpoint import TensorRef
@@ -27,8 +28,9 @@ def k_of_last_dim(last: int) -> float | int | None:
     return half if half in HALF_K else None
 
 
-def codebook_of(parts: dict[str, object]) -> str:
-    """Codebook selected by marker presence (docs/formats/exl3.md §4): mcg, mul1 or 3inst."""
+def codebook_of(parts: Container[str]) -> str:
+    """Codebook selected by marker presence (docs/formats/exl3.md §4): mcg, mul1 or 3inst.
+    `parts`: a linear's fields, or the field suffixes a tensor_storage record lists."""
     if "mcg" in parts:
         return "mcg"
     if "mul1" in parts:
