@@ -305,6 +305,7 @@ def main() -> None:
         pread_env = {**os.environ, "EXL3TOOL_NO_LEASE": "1"}
         thread_env = {**os.environ, "EXL3TOOL_NO_FORK": "1"}
         late_env = {**os.environ, "EXL3TOOL_NO_EARLY": "1"}
+        here_env = {**os.environ, "EXL3TOOL_NO_AHEAD": "1"}
         # the fixed cost of a run (interpreter, imports, headers of a 1-tensor file)
         dt0, _, cpu0 = timed([*exl[:4], str(work / "tiny.safetensors"), "--no-compat"], args.repeat)
         methods: list[tuple[str, list[str], dict[str, str] | None]] = [
@@ -325,6 +326,8 @@ def main() -> None:
             ("identity --algo blake3 --no-compat, EXL3TOOL_NO_EARLY=1 (hashing after the headers)",
              [*exl, "--algo", "blake3", "--no-compat"], late_env),
             ("identity --algo sha256, EXL3TOOL_NO_EARLY=1", [*exl, "--algo", "sha256"], late_env),
+            ("identity --algo blake3 --no-compat, EXL3TOOL_NO_AHEAD=1 (headers parsed here)",
+             [*exl, "--algo", "blake3", "--no-compat"], here_env),
         ]  # fmt: skip
         # round-robin, best of --repeat rounds: a load that comes and goes hits every method
         best = [(float("inf"), 0, float("inf"))] * len(methods)
@@ -339,7 +342,9 @@ def main() -> None:
                 best[i] = (best[i][0], max(best[i][1], tree_peak(cmd, env)), best[i][2])
         rows = [(m[0], total / b[0] / 1e9, b[1]) for m, b in zip(methods, best, strict=True)]
         cpus = [b[2] for b in best]
-        b3, ib3, ipr, floor, _, s_sum, is2, floor2, ithr, ilate, is2late = (r[1] for r in rows)
+        b3, ib3, ipr, floor, _, s_sum, is2, floor2, ithr, ilate, is2late, ihere = (
+            r[1] for r in rows
+        )
         one = total / hashlib_one_thread(files, args.repeat) / 1e9
         rows.append(("hashlib.sha256, one thread, 8 MiB mmap updates", one, 0))
         # one shard, two rounds: the cost per tensor, not another full pass per mode
@@ -363,7 +368,8 @@ def main() -> None:
             f"mix); read with pread (no lease) = {ipr / b3:.2f}; with threads, not forked "
             f"workers (EXL3TOOL_NO_FORK=1) = {ithr / b3:.2f}; hashing only after the headers "
             f"(EXL3TOOL_NO_EARLY=1) = {ilate / b3:.2f}, sha256 "
-            f"{is2late / (n * one):.2f}",
+            f"{is2late / (n * one):.2f}; every header parsed by this process, none ahead "
+            f"(EXL3TOOL_NO_AHEAD=1) = {ihere / b3:.2f}",
             f"* engine cost per tensor beyond its bytes (one thread, the {ntensors} tensors of "
             f"the first shard): {per:.1f} us, with pread {per_pread:.1f} us",
             f"* Python floor / b3sum = {floor / b3:.2f} (the most a Python CLI can reach here; "

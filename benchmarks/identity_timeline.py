@@ -4,7 +4,7 @@
 
 Runs `exl3tool identity DIR --no-compat` in this process with timers around the steps before
 and after the hashing pool (opening the artifact, its headers, the plans, the lease, the
-digest folding) and around each worker's units, then prints when each step started and how
+digest folding) and around each worker's units (and the shard headers parsed ahead: their forks and takes), then prints when each step started and how
 long it took, in ms after this script's first line. Nothing of exl3tool is changed but the
 timers; the digests are those of the CLI.
 """
@@ -31,6 +31,7 @@ import exl3tool.identity.early as early  # noqa: E402
 import exl3tool.identity.engine as engine  # noqa: E402
 import exl3tool.identity.fast as fast  # noqa: E402
 import exl3tool.identity.logical as logical  # noqa: E402
+import exl3tool.io.headers_ahead as headers_ahead  # noqa: E402
 import exl3tool.io.safetensors as safetensors  # noqa: E402
 
 steps: dict[str, list[float]] = {}  # label -> [calls, total s, first start s]
@@ -91,6 +92,9 @@ def main() -> int:
         wrap(module, name)
     # the wait for the workers hashing ahead (the first lookup waits for all of them)
     early.EarlyDigests._finish = timed("early.wait_for_workers", early.EarlyDigests._finish)
+    # headers parsed ahead by forked workers: the forks, and each take (a wait and a rebuild)
+    headers_ahead.start = timed("headers_ahead.start", headers_ahead.start)
+    headers_ahead.HeadersAhead.take = timed("headers_ahead.take", headers_ahead.HeadersAhead.take)
     engine._Worker.batch = unit_timer(engine._Worker.batch)
     engine._Worker.job = unit_timer(engine._Worker.job)
     imported = time.perf_counter() - T0

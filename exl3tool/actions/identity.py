@@ -71,10 +71,13 @@ def hash_artifact(
     from exl3tool.identity.logical import build_plan
     from exl3tool.io.progress import progress_bar
 
-    ahead = None
+    ahead = headers = None
     try:
+        headers = _headers_ahead(path, threads)  # parse beside the configs and the index
         ahead = early.start(path, algo, threads) if spec is None else None  # hashes while we parse
-        ckpt, kind, findings = open_artifact(path)
+        ckpt, kind, findings = open_artifact(path, headers.take if headers else None)
+        if headers is not None:
+            headers.stop()
         plan = select(build_plan(ckpt), parse_layers(spec) if spec else None)
         if kind is Kind.MSRT_BASE and compat is not False:
             compat = True  # a base's identity is its point; keep it even when defective
@@ -92,9 +95,27 @@ def hash_artifact(
                 stamps=shard_stamps(ckpt.shards.values()),
             )
     finally:
+        if headers is not None:
+            headers.stop()
         if ahead is not None:
             ahead.stop()  # also when nothing was looked up
     return Hashed(ident, kind, findings, ckpt)
+
+
+def _headers_ahead(path: Path, threads: int | None) -> Any:
+    """Workers parsing the shard headers of the folder `path` (io/headers_ahead), or None."""
+    from exl3tool.formats.checkpoint import list_safetensors
+    from exl3tool.identity.engine import default_threads, fork_unsafe
+    from exl3tool.io import headers_ahead
+
+    workers = threads or default_threads()
+    if workers < headers_ahead.MIN_WORKERS or fork_unsafe() or not path.is_dir():
+        return None
+    try:
+        names = list_safetensors(path)
+    except OSError:
+        return None
+    return headers_ahead.start(path, names, workers)
 
 
 def identity_findings(h: Hashed, findings: Findings, label: str) -> None:

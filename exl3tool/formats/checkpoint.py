@@ -12,7 +12,7 @@ runtime follows links. A link that leaves both the artifact and the cache is a P
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
@@ -123,6 +123,8 @@ def present(ckpt: Checkpoint, name: str, findings: Findings) -> bool:
     return False
 
 
+# A shard's header read ahead elsewhere (see load_checkpoint), or None to read it here.
+ReadAhead = Callable[[Path, str], "SafetensorsFile | None"] | None
 _LOADED = frozenset(("config.json", "quantization_config.json", INDEX_NAME))
 _END, _BEGIN = attrgetter("info.end"), attrgetter("info.begin")
 
@@ -143,9 +145,13 @@ def list_safetensors(root: Path) -> list[str]:
     )
 
 
-def _read_shard(ckpt: Checkpoint, label: str, findings: Findings) -> SafetensorsFile | None:
+def _read_shard(
+    ckpt: Checkpoint, label: str, findings: Findings, ahead: ReadAhead = None
+) -> SafetensorsFile | None:
     try:
-        st = read_header(ckpt.root / label, findings, label)
+        st = ahead(ckpt.root / label, label) if ahead is not None else None
+        if st is None:
+            st = read_header(ckpt.root / label, findings, label)
     except OSError as exc:
         findings.add(ck.CK_SHARD_UNREADABLE, f"{exc.strerror or exc}", file=label)
         st = None
@@ -165,13 +171,20 @@ def _report_links(root: Path, names: list[str], findings: Findings) -> None:
             findings.add(io_rules.PA_LINK_ESCAPE, problem, file=name)
 
 
-def load_checkpoint(path: Path, findings: Findings, *, need_config: bool = True) -> Checkpoint:
-    """Load configs, index and every shard header of a checkpoint directory or file."""
+def load_checkpoint(
+    path: Path, findings: Findings, *, need_config: bool = True, ahead: ReadAhead = None
+) -> Checkpoint:
+    """Load configs, index and every shard header of a checkpoint directory or file.
+
+    `ahead(path, label)`: a shard's header read elsewhere (io/headers_ahead), exactly as
+    `read_header` reads it without a finding, or None to read it here."""
     with paused_gc():  # 10^6 tensor refs, no cycles among them
-        return _load_checkpoint(Path(path), findings, need_config)
+        return _load_checkpoint(Path(path), findings, need_config, ahead)
 
 
-def _load_checkpoint(path: Path, findings: Findings, need_config: bool) -> Checkpoint:
+def _load_checkpoint(
+    path: Path, findings: Findings, need_config: bool, ahead: ReadAhead
+) -> Checkpoint:
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
     if path.is_file():
@@ -199,14 +212,14 @@ def _load_checkpoint(path: Path, findings: Findings, need_config: bool) -> Check
         ckpt.quant_config = _read_json(ckpt, "quantization_config.json", findings)
     if present(ckpt, INDEX_NAME, findings):
         ckpt.index = _read_json(ckpt, INDEX_NAME, findings)
-        _load_indexed(ckpt, names, findings)
+        _load_indexed(ckpt, names, findings, ahead)
     else:
         if not names:
             findings.add(ck.CK_NO_SHARDS, "no .safetensors file in the directory", file=".")
         elif len(names) > 1:
             findings.add(ck.CK_NO_INDEX, f"{len(names)} shards and no {INDEX_NAME}", file=".")
         for label in names:
-            st = _read_shard(ckpt, label, findings)
+            st = _read_shard(ckpt, label, findings, ahead)
             if st is not None:
                 ckpt.shards[label] = st
         _collect(ckpt, findings)
@@ -278,7 +291,9 @@ def _missing_tensor(findings: Findings, name: str, label: str) -> None:
     )
 
 
-def _load_indexed(ckpt: Checkpoint, present: list[str], findings: Findings) -> None:
+def _load_indexed(
+    ckpt: Checkpoint, present: list[str], findings: Findings, ahead: ReadAhead
+) -> None:
     idx = ckpt.index
     wm = idx.get("weight_map") if isinstance(idx, dict) else None
     # every value a str: tested per type, not per value (176,000 on GLM-5.2)
@@ -291,7 +306,7 @@ def _load_indexed(ckpt: Checkpoint, present: list[str], findings: Findings) -> N
                 pointer="/weight_map",
             )
         for label in present:
-            st = _read_shard(ckpt, label, findings)
+            st = _read_shard(ckpt, label, findings, ahead)
             if st is not None:
                 ckpt.shards[label] = st
         _collect(ckpt, findings)
@@ -325,14 +340,14 @@ def _load_indexed(ckpt: Checkpoint, present: list[str], findings: Findings) -> N
             continue
         if "/" in label:  # top-level links were reported by load_checkpoint
             _report_links(ckpt.root, [label], findings)
-        st = _read_shard(ckpt, label, findings)
+        st = _read_shard(ckpt, label, findings, ahead)
         if st is not None:
             ckpt.shards[label] = st
     mapped = set(referenced)  # not `in wm.values()`: that is O(tensors) per shard
     for label in present:
         if label not in mapped and label not in ckpt.shards:
             findings.add(ck.CK_UNREFERENCED_SHARD, "no tensor of the index lives here", file=label)
-            st = _read_shard(ckpt, label, findings)
+            st = _read_shard(ckpt, label, findings, ahead)
             if st is not None:
                 ckpt.shards[label] = st
     _collect(ckpt, findings)

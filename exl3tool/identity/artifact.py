@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
+from exl3tool.formats.checkpoint import Checkpoint, ReadAhead, load_checkpoint
 from exl3tool.formats.detect import Kind, detect
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules.registry import Findings
@@ -24,14 +24,15 @@ _IRRELEVANT = frozenset(
 )
 
 
-def open_artifact(path: Path) -> tuple[Checkpoint, Kind, Findings]:
-    """Headers of every shard (no payload read), the artifact kind, and the container findings
-    that matter for an identity (unreadable or duplicate tensors, broken headers)."""
+def open_artifact(path: Path, ahead: ReadAhead = None) -> tuple[Checkpoint, Kind, Findings]:
+    """Headers of every shard (no payload read; `ahead`: see load_checkpoint), the artifact
+    kind, and the container findings that matter for an identity (unreadable or duplicate
+    tensors, broken headers)."""
     path = Path(path)
     kind = detect(path)
     if path.is_file() and path.name == "adapter_config.json":
         path = path.parent
     raw = Findings()
-    ckpt = load_checkpoint(path, raw, need_config=False)
+    ckpt = load_checkpoint(path, raw, need_config=False, ahead=ahead)
     kept = Findings(f for f in raw if f.code not in _IRRELEVANT)
     return ckpt, kind, kept

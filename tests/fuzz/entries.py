@@ -86,9 +86,9 @@ def _identity_forked(art: Path, pristine: dict[str, Path], out: Path, kind: str)
 
 
 def _identity_early(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
-    """The identity with tensors hashed ahead by forked workers (identity/early, at any size
-    here) must be the one computed without them: the same digests, the same findings, or the
-    same error."""
+    """The identity with tensors hashed and shard headers parsed ahead by forked workers
+    (identity/early at any size here, io/headers_ahead from 4 threads) must be the one computed
+    without them: the same digests, the same findings, or the same error."""
     import os
 
     from exl3tool.actions.identity import Options, run
@@ -98,7 +98,7 @@ def _identity_early(art: Path, pristine: dict[str, Path], out: Path, kind: str) 
 
     def outcome() -> tuple[Any, ...]:
         try:
-            r = run(Options(str(art), threads=2))
+            r = run(Options(str(art), threads=4))
         except Exl3ToolError as exc:
             return (type(exc).__name__,)
         ident = r.identity.to_json() if r.identity is not None else None
@@ -110,10 +110,11 @@ def _identity_early(art: Path, pristine: dict[str, Path], out: Path, kind: str) 
     views.RACY_NS = 0
     try:
         ahead = outcome()
-        os.environ["EXL3TOOL_NO_EARLY"] = "1"
+        os.environ["EXL3TOOL_NO_EARLY"] = os.environ["EXL3TOOL_NO_AHEAD"] = "1"
         plain = outcome()
     finally:
         os.environ.pop("EXL3TOOL_NO_EARLY", None)
+        os.environ.pop("EXL3TOOL_NO_AHEAD", None)
         early.EARLY_MIN_BYTES, early.CHUNK, engine.fork_unsafe, views.RACY_NS = saved
     assert ahead[:2] == plain[:2], f"hashed ahead: {ahead[:2]!r:.300} alone: {plain[:2]!r:.300}"
     return ahead[2].findings if len(ahead) > 2 else None
