@@ -118,6 +118,17 @@ def _headers_ahead(path: Path, threads: int | None) -> Any:
     return headers_ahead.start(path, names, workers)
 
 
+def _held(h: Hashed) -> str:
+    """The layers an artifact holds, e.g. `it holds layers 0-47 and other`."""
+    from exl3tool.identity.fast import OTHER, layer_key
+    from exl3tool.io.layer_spec import layers_text
+
+    keys = set(map(layer_key, h.ckpt.tensors))
+    numbers = sorted(int(k) for k in keys if k != OTHER)
+    parts = [layers_text(numbers)] if numbers else []
+    return "it holds " + " and ".join([*parts, *([OTHER] if OTHER in keys else [])])
+
+
 def identity_findings(h: Hashed, findings: Findings, label: str) -> None:
     """What the identity itself says is wrong: reassembly defects, an MSRT base's incomplete
     compatibility identity or one that differs from the published one."""
@@ -165,6 +176,8 @@ def run(opts: Options) -> IdentityResult:
     if hashed.container.has_errors():
         errors = anchor(path, Findings(hashed.container.errors()))
         return IdentityResult(path, hashed.kind.value, None, errors)
+    if opts.layers and not hashed.identity.tensors and hashed.ckpt.tensors:
+        raise UsageError(f"--layers {opts.layers} selects no tensor of {path}: {_held(hashed)}")
     result = IdentityResult(path, hashed.kind.value, hashed.identity)
     identity_findings(hashed, result.findings, str(path))
     if opts.sha256sum is not None:

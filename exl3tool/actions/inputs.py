@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from exl3tool.io.fs import exists
-from exl3tool.rules.errors import InputError
+from exl3tool.rules.errors import InputError, UsageError
 from exl3tool.rules.registry import Findings, Location
 
 
@@ -22,6 +22,11 @@ def resolve_input(arg: str | Path) -> Path:
         return resolve_artifact(str(arg))
     except NotCached as exc:
         raise InputError(f"{arg}: no such file or directory, and {exc}") from None
+    except UsageError:  # huggingface_hub is not installed
+        parent = os.path.dirname(str(arg))
+        if parent and os.path.isdir(parent):  # `models/x` beside a local models/: a path
+            raise InputError(f"{arg}: no such file or directory") from None
+        raise
 
 
 def resolve_optional(arg: str | Path | None) -> Path | None:

@@ -18,6 +18,7 @@ from exl3tool.checks.conformance import claims_linear, runtime_storage
 from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.experts import ExpertTable
 from exl3tool.formats.r7 import Block
+from exl3tool.io.layer_spec import layers_text
 from exl3tool.io.strict_json import is_json_int
 from exl3tool.rules import r7 as r7
 from exl3tool.rules.registry import Findings
@@ -88,7 +89,7 @@ def check_model_moe_layers(
         verb = "is a MoE layer" if len(uncovered) == 1 else "are MoE layers"
         findings.add(
             r7.R7_MODEL_MOE,
-            f"{_layers_text(uncovered)} {verb} of the model ({how}) that neither moe_layers "
+            f"{layers_text(uncovered)} {verb} of the model ({how}) that neither moe_layers "
             f"[{block.first}, {block.last}] nor the carried tail covers and no tensor_storage "
             "record claims: the runtime builds their experts unquantized, and no BF16 expert "
             "tensors fill them",
@@ -99,22 +100,9 @@ def check_model_moe_layers(
     if dense:
         findings.add(
             r7.R7_MODEL_MOE,
-            f"{_layers_text(dense)} {'holds' if len(dense) == 1 else 'hold'} expert tensors but "
+            f"{layers_text(dense)} {'holds' if len(dense) == 1 else 'hold'} expert tensors but "
             f"{'is a dense layer' if len(dense) == 1 else 'are dense layers'} of the model "
             f"({how}): the weight loader has no experts parameter there",
             file="config.json",
             pointer="/first_k_dense_replace",
         )
-
-
-def _layers_text(layers: list[int]) -> str:
-    """`layer 4`, or `layers 0, 3-9, 12` (sorted, runs joined; at most 8 runs named)."""
-    runs: list[list[int]] = []
-    for layer in layers:
-        if runs and layer == runs[-1][1] + 1:
-            runs[-1][1] = layer
-        else:
-            runs.append([layer, layer])
-    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:8]]
-    more = f" and {len(runs) - 8} more runs" if len(runs) > 8 else ""
-    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(parts) + more

@@ -45,3 +45,16 @@ def parse_layer_spec(spec: str, keywords: Collection[str] = ()) -> LayerSpec:
             raise UsageError(f"--layers {spec!r}: layer numbers go up to {MAX_LAYER}")
         layers.update(range(lo, (hi if sep else lo) + 1))
     return LayerSpec(frozenset(layers), frozenset(named))
+
+
+def layers_text(layers: list[int]) -> str:
+    """`layer 4`, or `layers 0, 3-9, 12` (sorted, runs joined; at most 8 runs named)."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:8]]
+    more = f" and {len(runs) - 8} more runs" if len(runs) > 8 else ""
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(parts) + more

@@ -91,6 +91,14 @@ def test_text_and_layers(base: Path) -> None:
     assert run("identity", base, "--algo", "md5")[0] == 2
 
 
+def test_layers_that_select_nothing_are_a_usage_error(base: Path) -> None:
+    """`--layers 99` of a model without layer 99 is a typo, not the identity of nothing."""
+    code, out, err = run("identity", base, "--layers", "99")
+    assert code == 2 and not out
+    assert "--layers 99 selects no tensor" in err and "layers 3-4 and other" in err
+    assert run("identity", base, "--layers", "4,99")[0] == 0  # some of it is there
+
+
 def test_check_ok_prints_one_line(base: Path, tmp_path: Path) -> None:
     rec = tmp_path / "id.json"
     assert run("identity", base, "--algo", "sha256", "-f", "json", "-o", rec)[0] == 0

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from exl3tool.actions.gate.config import discover, from_mapping, load_config
 from exl3tool.io.schemas import schema
-from exl3tool.rules.errors import UsageError
+from exl3tool.rules.errors import InputError, UsageError
 from exl3tool.rules.registry import Findings
 
 GOOD = """
@@ -106,9 +106,10 @@ def test_malformed_toml_is_a_usage_error(tmp_path: Path, body: bytes) -> None:
         load_config(tmp_path / "exl3tool.toml", Findings())
 
 
-def test_missing_file_and_missing_table_are_usage_errors(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="cannot read"):
+def test_a_missing_file_is_unreadable_input_a_missing_table_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="cannot read") as exc:  # exit 3, like identity --check
         load_config(tmp_path / "exl3tool.toml", Findings())
+    assert exc.value.exit_code == 3
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
     with pytest.raises(UsageError, match=r"\[tool.exl3tool\]"):
         load_config(tmp_path / "pyproject.toml", Findings())

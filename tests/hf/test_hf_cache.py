@@ -224,3 +224,23 @@ def test_without_huggingface_hub_an_id_names_the_hf_extra(
     with pytest.raises(UsageError, match=r"exl3tool\[hf\]") as exc:
         resolve_artifact("org/r7-tiny")
     assert exc.value.exit_code == 2
+
+
+def test_without_huggingface_hub_a_missing_path_beside_its_folder_is_exit_3(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`models/llama-exl3` where models/ is a local folder is a path that is not there (exit
+    3), not a Hub id that needs the extra; an id whose org is no local folder still names it."""
+    import sys
+
+    from exl3tool.actions.inputs import resolve_input
+    from exl3tool.rules.errors import InputError, UsageError
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import raises ImportError
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    with pytest.raises(InputError, match="models/llama-exl3: no such file or directory") as exc:
+        resolve_input("models/llama-exl3")
+    assert exc.value.exit_code == 3
+    with pytest.raises(UsageError, match=r"exl3tool\[hf\]"):
+        resolve_input("org/r7-tiny")

@@ -14,7 +14,7 @@ from typing import Any
 from exl3tool.io.fs import read_document
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.rules.check import GT_CONFIG_SCHEMA
-from exl3tool.rules.errors import UsageError
+from exl3tool.rules.errors import InputError, UsageError
 from exl3tool.rules.registry import Findings
 from exl3tool.rules.selection import RuleSelection
 
@@ -151,10 +151,10 @@ CONFIG_MAX_BYTES = 16 << 20  # an exl3tool.toml, or the pyproject.toml that hold
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         raw = read_document(path, CONFIG_MAX_BYTES)
-    except (OSError, ValueError) as exc:
-        raise UsageError(
-            f"cannot read config {path}: {getattr(exc, 'strerror', None) or exc}"
-        ) from None
+    except OSError as exc:  # absent, unreadable: an input that cannot be read (exit 3)
+        raise InputError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"cannot read config {path}: {exc}") from None
     if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
         raise UsageError("reading exl3tool.toml on Python 3.10 needs tomli: pip install tomli")
     try:
