@@ -96,10 +96,16 @@ def check_expert_namespace(ckpt: Checkpoint, findings: Findings) -> None:
         if layer in claimed and field not in EXPERT_FIELDS:
             bad.append((name, ckpt.tensors[name].file))
     for name, file in bad[:MAX_NAMED]:
+        field = name.rsplit(".", 1)[1]
+        why = (
+            "the runtime's EXL3 MoE method has no expert biases (it refuses a MoE layer with "
+            "them: gpt-oss experts cannot be served as EXL3)"
+            if field == "bias"
+            else "the weight loader has no parameter for it"
+        )
         findings.add(
             ck.CK_EXPERT_FIELD,
-            f"{name.rsplit('.', 1)[1]!r} is no EXL3 expert component: the weight loader has no "
-            "parameter for it",
+            f"{field!r} is no EXL3 expert component: {why}",
             file=file,
             tensor=name,
         )

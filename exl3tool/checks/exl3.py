@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exl3tool.checks.exl3_linear import check_linears, flush_payload_checks
+from exl3tool.checks.exl3_linear import check_linears, check_tables, flush_payload_checks
 from exl3tool.checks.exl3_tp import check_tp_slices, of_groups
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.payload import FiniteCheck, RandomAccessReader
@@ -24,7 +24,7 @@ from exl3tool.io.dtypes import TORCH_NAMES
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules import exl3 as ex
-from exl3tool.rules.registry import Findings
+from exl3tool.rules.registry import Findings, Severity
 
 MULTIPLIERS = {
     "mcg": ("mcg_multiplier", MCG_MULTIPLIER),
@@ -89,21 +89,57 @@ def _check_storage_map(
     """Every record of one tensor_storage map, and every EXL3 tensor listed in its own record
     (the runtime looks a linear up by its prefix and takes its codebook from that record)."""
     check_storage_records(ckpt, ts, groups, findings, file, base)
+    layers = config_int(_text_config(ckpt.config), "num_hidden_layers")
     for prefix, group in groups.items():
         rec = ts.get(prefix)
         own = rec.get("stored_tensors") if isinstance(rec, dict) else None
         own = own if isinstance(own, dict) else {}
-        for fld, ref in group.parts.items():
-            if fld in STORED_FIELDS and ref.name not in own:
-                findings.add(
-                    ex.EX_STORAGE_UNLISTED,
-                    "EXL3 tensor not listed in its linear's tensor_storage record"
-                    if rec is not None
-                    else "EXL3 tensor of a linear without a tensor_storage record",
-                    file=file,
-                    tensor=ref.name,
-                    pointer=pointer_join(base, prefix),
-                )
+        unlisted = [ref for fld, ref in group.parts.items() if fld in STORED_FIELDS]
+        unlisted = [ref for ref in unlisted if ref.name not in own]
+        if not unlisted:
+            continue
+        message, severity = _unlisted(prefix, rec is not None, layers)
+        if severity is not None:  # a warning: once per linear
+            message += f" ({len(unlisted)} tensors)" if len(unlisted) > 1 else ""
+            unlisted = unlisted[:1]
+        for ref in unlisted:
+            findings.add(
+                ex.EX_STORAGE_UNLISTED,
+                message,
+                file=file,
+                tensor=ref.name,
+                pointer=pointer_join(base, prefix),
+                severity=severity,
+            )
+
+
+_VISION = ("visual", "vision")  # name segments of an encoder tower (Qwen-VL, GLM4V, Gemma)
+
+
+def _text_config(config: Any) -> Any:
+    """The decoder's config: config.json itself, or its text_config (vision-language models)."""
+    text = config.get("text_config") if isinstance(config, dict) else None
+    return text if isinstance(text, dict) else config
+
+
+def _unlisted(prefix: str, has_record: bool, layers: int | None) -> tuple[str, Severity | None]:
+    """EX022's message, and its severity: a warning for an MTP layer (built only as a
+    speculative draft), the rule's error otherwise."""
+    if has_record:
+        return "EXL3 tensor not listed in its linear's tensor_storage record", None
+    segments = prefix.split(".")
+    layer = layer_of(prefix)
+    if (layers is not None and layer is not None and layer >= layers) or "mtp" in segments:
+        return (
+            "EXL3 tensor of an MTP-layer linear without a tensor_storage record: the runtime "
+            "builds MTP layers only as a speculative draft, and then cannot load it "
+            "(exllamav3's converter writes no record for MTP modules)",
+            Severity.WARNING,
+        )
+    why = "the runtime builds it unquantized and has no parameter for a trellis"
+    if any(seg.startswith(_VISION) for seg in segments):
+        why += " (exllamav3's converter writes no record for vision modules)"
+    return f"EXL3 tensor of a linear without a tensor_storage record: {why}", None
 
 
 def check_storage_records(
@@ -222,7 +258,9 @@ def check_config_drift(ckpt: Checkpoint, findings: Findings) -> None:
 def check_exl3(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -> None:
     """A plain EXL3 checkpoint: every linear, tensor_storage, embedded/external agreement, and
     the runtime's TP split at `options.tp`."""
-    groups = group_linears(ckpt.tensors)
+    tables: list[str] = []
+    groups = group_linears(ckpt.tensors, tables)
+    check_tables(tables, ckpt.tensors, findings)
     check_tp_slices(ckpt, of_groups(groups), options.tp, findings)
     if not groups and ckpt.tensors:
         findings.add(

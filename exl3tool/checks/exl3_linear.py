@@ -215,6 +215,20 @@ def check_linears(
         check_linear(group, tensors, findings, reader, finite)
 
 
+def check_tables(tables: list[str], tensors: dict[str, TensorRef], findings: Findings) -> None:
+    """EX033 for each quantized embedding table (formats/exl3.is_quantized_table)."""
+    for prefix in tables:
+        ref = tensors[f"{prefix}.trellis"]
+        shape = "x".join(map(str, ref.info.shape))
+        findings.add(
+            ex.EX_QUANTIZED_TABLE,
+            f"{prefix} is a quantized table ({ref.info.dtype} {shape} trellis rows and signs, "
+            "no weight): the serving runtime has no EXL3 embedding to load it into",
+            file=ref.file,
+            tensor=ref.name,
+        )
+
+
 def report_nonfinite(findings: Findings) -> Any:
     def report(ref: TensorRef) -> None:
         findings.add(ex.EX_NONFINITE, "NaN or Inf among the scales", file=ref.file, tensor=ref.name)

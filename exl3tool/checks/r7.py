@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from exl3tool.checks.digests import Digests
-from exl3tool.checks.exl3_linear import check_linears, flush_payload_checks
+from exl3tool.checks.exl3_linear import check_linears, check_tables, flush_payload_checks
 from exl3tool.checks.exl3_tp import check_tp_slices, of_groups
 from exl3tool.checks.options import ValidateOptions
 from exl3tool.checks.payload import (
@@ -187,7 +187,9 @@ def check_r7(
         if block is not None:
             check_routers(ckpt, block.layers, n_exp, hidden, rule=r7.R7_ROUTER, findings=later)
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
-        dense = group_linears(others)
+        tables: list[str] = []
+        dense = group_linears(others, tables)
+        check_tables(tables, ckpt.tensors, later)
         check_linears(dense, ckpt.tensors, later, reader, finite)
         check_tp_slices(ckpt, of_groups(dense), options.tp, later, experts=False)  # experts: R7070
         # what the worker read ahead, if it gave it (else everything is read here, as always)

@@ -13,6 +13,7 @@ from exl3tool.checks.digests import Digests
 from exl3tool.checks.exl3_linear import (
     check_linears,
     check_marker,
+    check_tables,
     check_trellis_dtype,
     flush_payload_checks,
 )
@@ -325,7 +326,9 @@ def check_rank_sliced(ckpt: Checkpoint, findings: Findings, options: ValidateOpt
     with RandomAccessReader() as reader:
         check_tail(ckpt, raw_tail(config), table, ctx, Scan(findings, reader, finite))
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
-        check_linears(group_linears(others), ckpt.tensors, findings, reader, finite)
+        tables: list[str] = []
+        check_linears(group_linears(others, tables), ckpt.tensors, findings, reader, finite)
+        check_tables(tables, ckpt.tensors, findings)
         flush_payload_checks(reader, finite, findings)
     if options.hash:
         rejected = ckpt.damaged_shards | ckpt.rejected_files

@@ -75,12 +75,32 @@ class LinearGroup:
         return t.info.shape[1] * 16 if t is not None and len(t.info.shape) == 3 else None
 
 
-def group_linears(tensors: dict[str, TensorRef]) -> dict[str, LinearGroup]:
+def group_linears(
+    tensors: dict[str, TensorRef], tables: list[str] | None = None
+) -> dict[str, LinearGroup]:
     """Group tensors whose last name segment is an EXL3 field; keep only groups with a trellis
-    or an suh/svh pair (other `.weight`/`.bias` modules are not EXL3)."""
+    or an suh/svh pair (other `.weight`/`.bias` modules are not EXL3). A quantized embedding
+    table (`is_quantized_table`) is no linear: its prefix goes to `tables` when given."""
     groups: dict[str, LinearGroup] = {}
+    signs: list[str] = []
     for name, ref in tensors.items():
         prefix, fld = split_field(name)
         if fld in EXL3_FIELDS:
             groups.setdefault(prefix, LinearGroup(prefix)).parts[fld] = ref
+        elif fld == "signs":
+            signs.append(prefix)
+    for prefix in signs:
+        group = groups.get(prefix)
+        if group is not None and is_quantized_table(group):
+            del groups[prefix]
+            if tables is not None:
+                tables.append(prefix)
     return {p: g for p, g in groups.items() if g.is_exl3}
+
+
+def is_quantized_table(group: LinearGroup) -> bool:
+    """Rows of a table as exllamav3 quantizes an embedding (convert.py -eb) or an n-gram table:
+    a rank-2 trellis beside `<prefix>.signs` (checked by the caller), no suh/svh/su/sv."""
+    t = group.trellis
+    vectors = {"suh", "svh", "su", "sv"} & group.parts.keys()
+    return t is not None and len(t.info.shape) == 2 and not vectors

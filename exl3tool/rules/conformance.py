@@ -162,6 +162,12 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
         ("CK030", "EX016"), "unknown-expert-field",
     ),
     RuntimeCheck(
+        "VocabParallelEmbedding (UnquantizedEmbeddingMethod)", LOADER,
+        "every token embedding is built unquantized with a weight (the EXL3 config claims no "
+        "embedding): quantized table rows and signs have nothing to load into",
+        ("EX033",), "quantized-embedding",
+    ),
+    RuntimeCheck(
         "safe_open (safetensors weight iterator)", LOADER,
         "the safetensors header and data section are well formed "
         "(docs/safetensors-strictness.md)",

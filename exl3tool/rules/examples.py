@@ -99,6 +99,7 @@ EXAMPLES = MappingProxyType(
         "EX030": 'tensor_storage with only "model.embed_tokens": {"stored_tensors": {...}}',
         "EX031": "model.layers.0.self_attn.k_proj.trellis I16 [16, 16, 40] (K = 2.5, mul1)",
         "EX032": 'the v_proj record lists "….o_proj.mcg": v_proj (no marker) is expected to be mcg',
+        "EX033": "model.embed_tokens.trellis I16 [151936, 257] and model.embed_tokens.signs, no weight",
         "EX099": "a linear on which an EXL3 check raises (the finding names the exception)",
         # --- DC: trellis decode -----------------------------------------------------------
         "DC001": "exl3tool decode --tensor model.layers.0.mlp.down_proj (no .suh stored)",

@@ -231,7 +231,7 @@ EX_HALF_K_NOT_SERVED = rule(
     "exllamav3 decodes K = 1.5/2.5/3.5 with the mul1 codebook (§1.1), but the serving runtime's "
     "EXL3 loaders refuse any trellis whose last dimension is not 16*K for an integer K in 1..8 "
     "(Exl3LinearMethod._validate_loaded_tensors, Exl3MoEMethod._validate_moe_shapes).",
-    "Re-quantize the linear with an integer K for the serving runtime.",
+    "For the vLLM fork, convert with whole bits per weight (exllamav3 itself loads K = 2.5).",
 )
 EX_STORAGE_CODEBOOK = rule(
     "EX032",
@@ -242,4 +242,15 @@ EX_STORAGE_CODEBOOK = rule(
     "mul1, else none: Exl3Config.codebook_for_prefix) and refuses a marker it did not expect or "
     "a missing one it did; a marker listed under another module's record misleads both.",
     "Regenerate quantization_config.json from the shards.",
+)
+EX_QUANTIZED_TABLE = rule(
+    "EX033",
+    "quantized-embedding",
+    E,
+    "A quantized embedding table (trellis rows + signs): the serving runtime has none",
+    "exllamav3 stores a token embedding quantized with convert.py -eb (and its n-gram tables) as "
+    "`<module>.trellis` (int16 rows) and `<module>.signs`, without a `.weight`. exllamav3 loads "
+    "it; the serving runtime builds every embedding unquantized (VocabParallelEmbedding: the "
+    "EXL3 config claims none) and has nothing to load these tensors into.",
+    "For the vLLM fork, convert without -eb (exllamav3 itself loads it).",
 )

@@ -392,6 +392,7 @@ CASES = [
     Case("R7080", "r7", config(lambda c: c.pop("hybrid_tr3_tail"))),
     Case("EX030", "exl3", storage(lambda s: [r.update(quant_format="fp16") for r in s.values()])),
     Case("EX031", "exl3", put(f"{K}.trellis", "I16", trellis(16, 16, 40))),
+    Case("EX033", "exl3", lambda r: _quantized_embedding(r)),
     Case(
         "EX032",
         "exl3",
@@ -430,6 +431,13 @@ CASES = [
 ]
 
 O_PROJ = "model.layers.0.self_attn.o_proj"  # a BF16 linear of the R7 fixture (hidden 128)
+
+
+def _quantized_embedding(root: Path) -> None:
+    """The token embedding as exllamav3's convert.py -eb writes it: trellis rows and signs."""
+    shard = shard_of(root, f"{K}.trellis")
+    put("model.embed_tokens.trellis", "I16", np.zeros((64, 65), "<i2"), shard)(root)
+    put("model.embed_tokens.signs", "F16", f16(256).reshape(1, 256), shard)(root)
 
 
 def _legacy_expert_signs(root: Path) -> None:

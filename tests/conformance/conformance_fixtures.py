@@ -213,6 +213,15 @@ def _unknown_field(tmp: Path, built: Built) -> set[str]:
     return codes(root)
 
 
+@fixture("quantized-embedding")
+def _quantized_embedding(tmp: Path, built: Built) -> set[str]:
+    root = copy(built["exl3"], tmp)
+    shard, _ = _first(root, ".trellis")
+    _set(root, shard, "model.embed_tokens.trellis", "I16", np.zeros((64, 65), "<i2"))
+    _set(root, shard, "model.embed_tokens.signs", "F16", np.ones((1, 256), np.float16))
+    return codes(root)
+
+
 @fixture("truncated-shard")
 def _truncated(tmp: Path, built: Built) -> set[str]:
     root = copy("r7-tiny", tmp)
