@@ -9,6 +9,8 @@ from pathlib import Path
 import blake3
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from identity_fixtures import expert_tensors, flip_byte, rank_slice, write_checkpoint, write_shard
 
 from exl3tool.formats.checkpoint import load_checkpoint
@@ -211,7 +213,14 @@ def test_fold_groups_runs_of_names_like_layer_key_does() -> None:
     import random
 
     from exl3tool.identity.engine import new_hasher
-    from exl3tool.identity.fast import TensorDigest, _key_order, _layer_digest, fold, root_digest
+    from exl3tool.identity.fast import LAYER_DOMAIN, TensorDigest, _key_order, fold, root_digest
+    from exl3tool.io.strict_json import canonical_json
+
+    def _layer_hex(key: str, rows: list) -> str:  # the definition, with the JSON encoder
+        body = {"algorithm": "blake3", "layer": key, "tensors": rows}
+        h = new_hasher("blake3")
+        h.update(LAYER_DOMAIN + canonical_json(body))
+        return h.hexdigest()
 
     names = [
         "model.layers.1.a", "model.layers.1.b", "model.layers.01.c", "model.layers.10.a",
@@ -229,7 +238,40 @@ def test_fold_groups_runs_of_names_like_layer_key_does() -> None:
         for n in tensors:
             groups.setdefault(layer_key(n), []).append(n)
         want = {
-            k: _layer_digest("blake3", k, [(n, *tensors[n]) for n in sorted(groups[k])])
+            k: _layer_hex(k, [(n, *tensors[n]) for n in sorted(groups[k])])
             for k in sorted(groups, key=_key_order)
         }
         assert fold("blake3", tensors) == (want, root_digest("blake3", want))
+
+
+_names = st.text(min_size=1, max_size=12) | st.from_regex(
+    r"model\.layers\.[0-9]{1,3}\.[a-z_.]{1,12}", fullmatch=True
+)
+_rows = st.dictionaries(
+    _names,
+    st.tuples(
+        st.sampled_from(["F16", "BF16", "I16", "I32", "U8"]) | st.text(max_size=4),
+        st.lists(st.integers(0, 2**48), max_size=3).map(tuple),
+        st.text("0123456789abcdef", min_size=64, max_size=64),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=_rows,
+    key=st.sampled_from(["0", "17", "other"]),
+    algo=st.sampled_from(["blake3", "sha256"]),
+)
+def test_layer_json_is_the_canonical_json_of_the_rows(rows: dict, key: str, algo: str) -> None:
+    """The formatted fast path and the JSON encoder give the same bytes for any names (escapes
+    included: those take the encoder), dtypes, shapes and digests."""
+    from exl3tool.identity.fast import _layer_json
+    from exl3tool.io.strict_json import canonical_json
+
+    names = sorted(rows)
+    want = canonical_json(
+        {"algorithm": algo, "layer": key, "tensors": [(n, *rows[n]) for n in names]}
+    )
+    assert _layer_json(algo, key, names, rows) == want
