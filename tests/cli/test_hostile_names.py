@@ -56,10 +56,10 @@ def test_the_plain_lines_map_an_unreadable_file_to_exit_3(capsys: pytest.Capture
     assert len(err) < 300 and "(5001 characters)" in err
 
 
-def test_a_fifo_config_is_refused_not_waited_on(tmp_path: Path) -> None:
+def test_a_fifo_config_is_unreadable_input_not_waited_on(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "exl3tool.toml")
     got = run("check", "--config", tmp_path / "exl3tool.toml")
-    assert got.exit_code == 2 and "not a regular file" in got.output
+    assert got.exit_code == 3 and "not a regular file" in got.output
 
 
 def test_fs_helpers() -> None:
