@@ -4,6 +4,7 @@ console entry point before the heavy imports, so a Ctrl-C during start-up is qui
 
 from __future__ import annotations
 
+import _imp
 import os
 import signal
 import sys
@@ -14,14 +15,51 @@ from exl3tool.rules.errors import Interrupted, defer_interrupt
 _fired = False
 
 
-def _handler(signum: int, _frame: FrameType | None) -> None:
+def _handler(signum: int, frame: FrameType | None) -> None:
     global _fired
     if _fired:  # a second signal while cleaning up: leave now
         os._exit(128 + signum)
+    if _importing(frame) and _again(signum):  # raised here, it could leave an import lock held
+        return
     _fired = True
     if defer_interrupt(signum):  # a cleanup under way: raised when it is done
         return
     raise Interrupted(signum)
+
+
+# The import system's own frames: an exception raised between its acquiring a lock and the
+# `try` that releases it (CPython has no guard there) leaves the lock held for good, and the
+# next thread that imports waits on it forever (a slice interrupted while a worker thread
+# imported blake3 hung so).
+_IMPORT_FILES = frozenset(
+    ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+)
+RETRY_S = 0.005
+MAX_RETRIES = 200  # then raised anyway (one second: no import takes that long)
+_retries = [0]
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether the main thread is inside the import system, or its global lock is held."""
+    while frame is not None:
+        if frame.f_code.co_filename in _IMPORT_FILES:
+            return True
+        frame = frame.f_back
+    return _imp.lock_held()
+
+
+def _again(signum: int) -> bool:
+    """Deliver `signum` to this process again in RETRY_S (a timer thread: a handler must not
+    wait); False where that is not needed (no other thread could wait on a lock) or the
+    retries are spent."""
+    threading = sys.modules.get("threading")  # not loaded: no other thread exists
+    if threading is None or _retries[0] >= MAX_RETRIES:
+        return False
+    _retries[0] += 1
+    timer = threading.Timer(RETRY_S, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+    return True
 
 
 def install() -> None:

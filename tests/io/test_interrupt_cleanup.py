@@ -164,3 +164,54 @@ def test_only_the_main_thread_holds_interrupts_back() -> None:
     seen.append(defer_interrupt(signal.SIGINT))
     t.join()
     assert seen == [False]
+
+
+def test_a_signal_inside_an_import_is_delivered_again_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Raised inside the import system, Interrupted could leave an import lock held and hang
+    the next thread that imports (a slice interrupted while a worker imported blake3 did): the
+    handler sends the signal again once the import is done, then raises it."""
+    import importlib
+    import sys
+
+    monkeypatch.setattr(signals, "_fired", False)
+    monkeypatch.setattr(signals, "_retries", [0])
+    sent: list[tuple[float, object]] = []
+
+    class Timer:  # records the retry instead of sending a signal to the test process
+        def __init__(self, delay: float, fn: object, args: tuple) -> None:
+            sent.append((delay, args[1]))
+            self.daemon = False
+
+        def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(threading, "Timer", Timer)
+    (tmp_path / "interrupted_mid_import.py").write_text(
+        "import signal, sys\n"
+        "from exl3tool.cli import signals\n"
+        "signals._handler(signal.SIGINT, sys._getframe())  # as Python would call it here\n"
+        "DONE = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("interrupted_mid_import")
+    assert mod.DONE and sent == [(signals.RETRY_S, signal.SIGINT)]
+    sys.modules.pop("interrupted_mid_import", None)
+    with pytest.raises(Interrupted):  # the signal sent again, outside any import
+        signals._handler(signal.SIGINT, sys._getframe())
+    monkeypatch.setattr(signals, "_fired", False)
+    monkeypatch.setattr(signals, "_retries", [signals.MAX_RETRIES])
+    with pytest.raises(Interrupted):  # the retries spent: raised even inside an import
+        _import_raising(tmp_path)
+
+
+def _import_raising(tmp_path: Path) -> None:
+    import importlib
+
+    (tmp_path / "interrupted_again.py").write_text(
+        "import signal, sys\n"
+        "from exl3tool.cli import signals\n"
+        "signals._handler(signal.SIGINT, sys._getframe())\n"
+    )
+    importlib.import_module("interrupted_again")
