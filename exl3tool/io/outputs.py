@@ -54,6 +54,11 @@ def check_target(target: Path, force: bool, *, directory: bool) -> None:
     if st is not None:
         if not force:
             raise OutputError(f"{target} exists; pass --force to replace it")
+        if directory and _holds_cwd(target):  # `-o "" --force` (an unset variable) is `-o .`
+            raise OutputError(
+                f"{target} is the current folder or holds it; it is not replaced (name a new "
+                "folder for the output)"
+            )
         mode = st.st_mode
         if stat.S_ISDIR(mode) and not directory:
             raise OutputError(f"{target} is a folder; name a file to write")
@@ -63,6 +68,15 @@ def check_target(target: Path, force: bool, *, directory: bool) -> None:
             raise OutputError(f"{target} is not a regular file or folder; it is not replaced")
     if not target.parent.is_dir():
         raise OutputError(f"{target.parent} is not a directory")
+
+
+def _holds_cwd(target: Path) -> bool:
+    """Whether replacing the folder `target` would remove the current working folder."""
+    try:
+        here, there = Path.cwd().resolve(), Path(target).resolve()
+    except (OSError, RuntimeError):
+        return True  # cannot tell: do not replace
+    return there == here or there in here.parents
 
 
 def _identity(path: Path, follow: bool = True) -> tuple[int, int] | None:

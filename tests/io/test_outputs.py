@@ -320,3 +320,24 @@ def test_a_temporary_file_stays_held_until_it_is_published(
     monkeypatch.setattr(atomic, "before_rename", sweep)
     atomic.write_bytes_atomic(target, b"{}")
     assert target.read_bytes() == b"{}"
+
+
+@pytest.mark.parametrize("out", ["", ".", ".."])
+@pytest.mark.parametrize("command", ["slice", "stage-cartridge"])
+def test_force_never_replaces_the_current_folder(tmp_path: Path, out: str, command: str) -> None:
+    """`-o "$OUTDIR" --force` with OUTDIR unset is `-o .`: the folder the user stands in (or
+    one above it) is never replaced, whatever it holds."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    here = tmp_path / "work" / "here"
+    here.mkdir(parents=True)
+    (here / "precious.txt").write_text("keep")
+    if command == "slice":
+        args = ("slice", str(examples / "msrt-base-tiny"), "--tp", "2", "-o", out, "--force")
+    else:
+        args = ("stage-cartridge", str(examples / "cartridge-k3k4"), "--base",
+                str(examples / "msrt-base-tiny"), "-o", out, "--force")  # fmt: skip
+    got = _cli(*args, cwd=here)
+    assert got.returncode == 1, got.stderr
+    assert "is the current folder or holds it" in got.stderr
+    assert (here / "precious.txt").read_text() == "keep"
+    assert sorted(p.name for p in here.iterdir()) == ["precious.txt"]
