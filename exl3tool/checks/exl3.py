@@ -3,6 +3,7 @@ docs/formats/r7.md §8). The per-linear rules are in `exl3_linear`."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from exl3tool.checks.exl3_linear import check_linears, check_tables, flush_payload_checks
@@ -89,7 +90,7 @@ def _check_storage_map(
     """Every record of one tensor_storage map, and every EXL3 tensor listed in its own record
     (the runtime looks a linear up by its prefix and takes its codebook from that record)."""
     check_storage_records(ckpt, ts, groups, findings, file, base)
-    layers = config_int(_text_config(ckpt.config), "num_hidden_layers")
+    mtp = _mtp_layers(_text_config(ckpt.config))
     for prefix, group in groups.items():
         rec = ts.get(prefix)
         own = rec.get("stored_tensors") if isinstance(rec, dict) else None
@@ -98,7 +99,7 @@ def _check_storage_map(
         unlisted = [ref for ref in unlisted if ref.name not in own]
         if not unlisted:
             continue
-        message, severity = _unlisted(prefix, rec is not None, layers)
+        message, severity = _unlisted(prefix, rec is not None, mtp)
         if severity is not None:  # a warning: once per linear
             message += f" ({len(unlisted)} tensors)" if len(unlisted) > 1 else ""
             unlisted = unlisted[:1]
@@ -114,6 +115,7 @@ def _check_storage_map(
 
 
 _VISION = ("visual", "vision")  # name segments of an encoder tower (Qwen-VL, GLM4V, Gemma)
+_DECODER = re.compile(r"(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(0|[1-9][0-9]{0,5})\.")
 
 
 def _text_config(config: Any) -> Any:
@@ -122,14 +124,26 @@ def _text_config(config: Any) -> Any:
     return text if isinstance(text, dict) else config
 
 
-def _unlisted(prefix: str, has_record: bool, layers: int | None) -> tuple[str, Severity | None]:
-    """EX022's message, and its severity: a warning for an MTP layer (built only as a
-    speculative draft), the rule's error otherwise."""
+def _mtp_layers(config: Any) -> range:
+    """The decoder layers a config declares as MTP heads: num_nextn_predict_layers of them
+    after its num_hidden_layers (none when either is not a plain integer)."""
+    n = config_int(config, "num_hidden_layers")
+    mtp = config_int(config, "num_nextn_predict_layers")
+    if n is None or mtp is None or n < 0 or not 0 < mtp <= 64:
+        return range(0)
+    return range(n, n + mtp)
+
+
+def _unlisted(prefix: str, has_record: bool, mtp: range) -> tuple[str, Severity | None]:
+    """EX022's message, and its severity: a warning for a declared MTP layer's linear (built
+    only as a speculative draft), the rule's error otherwise."""
     if has_record:
         return "EXL3 tensor not listed in its linear's tensor_storage record", None
     segments = prefix.split(".")
-    layer = layer_of(prefix)
-    if (layers is not None and layer is not None and layer >= layers) or "mtp" in segments:
+    vision = any(seg.startswith(_VISION) for seg in segments)
+    decoder = _DECODER.match(prefix)
+    in_mtp = decoder is not None and int(decoder.group(1)) in mtp
+    if not vision and (in_mtp or "mtp" in segments):
         return (
             "EXL3 tensor of an MTP-layer linear without a tensor_storage record: the runtime "
             "builds MTP layers only as a speculative draft, and then cannot load it "
@@ -137,7 +151,7 @@ def _unlisted(prefix: str, has_record: bool, layers: int | None) -> tuple[str, S
             Severity.WARNING,
         )
     why = "the runtime builds it unquantized and has no parameter for a trellis"
-    if any(seg.startswith(_VISION) for seg in segments):
+    if vision:
         why += " (exllamav3's converter writes no record for vision modules)"
     return f"EXL3 tensor of a linear without a tensor_storage record: {why}", None
 

@@ -52,8 +52,12 @@ def entry() -> None:
     except SystemExit as exc:  # click and rich end with 1 when stdout's reader has gone
         if isinstance(exc.__context__, BrokenPipeError) and exc.code == 1:
             raise SystemExit(streams.reader_gone()) from None
+        late = signals.received()  # a Ctrl-C the command went on past (signals.received)
+        if late is not None and exc.code not in (128 + late, 130, 143):  # not yet said
+            raise SystemExit(signals.say(signals.Interrupted(late))) from None
         raise
     finally:
+        signals.finish()
         # The process ends here. Interpreter shutdown runs full collections that walk every
         # object the imports made (~15 ms of a short command); frozen ones are skipped.
         # Reference counting still frees them; stdout and stderr are flushed as always.

@@ -5,10 +5,12 @@ console entry point before the heavy imports, so a Ctrl-C during start-up is qui
 from __future__ import annotations
 
 import _imp
+import contextlib
 import os
 import signal
 import sys
 from types import FrameType
+from typing import Any
 
 from exl3tool.rules.errors import Interrupted, defer_interrupt
 
@@ -22,9 +24,41 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     if _importing(frame) and _again(signum):  # raised here, it could leave an import lock held
         return
     _fired = True
+    _pending[:] = [signum]  # until the command ends: see `received`
     if defer_interrupt(signum):  # a cleanup under way: raised when it is done
         return
     raise Interrupted(signum)
+
+
+_pending: list[int] = []
+
+
+def received() -> int | None:
+    """The signal this process received and has not acted on by the end of its command: sent
+    again after an import the command then finished, or raised where Python could only print
+    it (a `__del__`, a weakref callback) and went on. The command then ends as interrupted."""
+    return _pending[0] if _pending else None
+
+
+def _unraisable(info: Any) -> None:
+    """`sys.unraisablehook`: an Interrupted raised where Python cannot propagate it is sent
+    again (to land elsewhere), not printed as a traceback; anything else as Python would."""
+    global _fired
+    exc = info.exc_value
+    if isinstance(exc, Interrupted):
+        _fired = False
+        if not _again(exc.signum):
+            _fired = True  # the retries are spent: the command ends as interrupted
+        return
+    sys.__unraisablehook__(info)
+
+
+def finish() -> None:
+    """The command is over: signals are ignored from here. Interpreter shutdown would set them
+    back to the default action, which kills the process without its message or exit code."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            signal.signal(sig, signal.SIG_IGN)
 
 
 # The import system's own frames: an exception raised between its acquiring a lock and the
@@ -53,9 +87,10 @@ def _again(signum: int) -> bool:
     wait); False where that is not needed (no other thread could wait on a lock) or the
     retries are spent."""
     threading = sys.modules.get("threading")  # not loaded: no other thread exists
-    if threading is None or _retries[0] >= MAX_RETRIES:
-        return False
+    if threading is None or threading.active_count() < 2 or _retries[0] >= MAX_RETRIES:
+        return False  # a lock left held only blocks other threads (the import lock re-enters)
     _retries[0] += 1
+    _pending[:] = [signum]
     timer = threading.Timer(RETRY_S, os.kill, (os.getpid(), signum))
     timer.daemon = True
     timer.start()
@@ -66,6 +101,7 @@ def install() -> None:
     """Route SIGINT and SIGTERM to `Interrupted` (main thread only, as Python requires)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _handler)
+    sys.unraisablehook = _unraisable
 
 
 def say(exc: BaseException) -> int:

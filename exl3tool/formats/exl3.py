@@ -100,7 +100,10 @@ def group_linears(
 
 def is_quantized_table(group: LinearGroup) -> bool:
     """Rows of a table as exllamav3 quantizes an embedding (convert.py -eb) or an n-gram table:
-    a rank-2 trellis beside `<prefix>.signs` (checked by the caller), no suh/svh/su/sv."""
+    a module named as one, a rank-2 trellis beside `<prefix>.signs` (checked by the caller), no
+    suh/svh/su/sv. A projection that looks so is a broken linear, and checked as one."""
     t = group.trellis
     vectors = {"suh", "svh", "su", "sv"} & group.parts.keys()
-    return t is not None and len(t.info.shape) == 2 and not vectors
+    name = group.prefix.rsplit(".", 1)[-1]
+    table = ("embed" in name or "ngram" in name) and not name.endswith("_proj")
+    return table and t is not None and len(t.info.shape) == 2 and not vectors

@@ -118,9 +118,9 @@ class Forked(Generic[T]):
     def _reap(self, kill: bool) -> int:
         """Wait for the child (killed first when `kill`); its exit code, -1 when unknown. The
         pid is forgotten only once reaped, so an interrupt here still leaves `close` to do it."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        fd, self._fd = self._fd, -1  # cleared first: never closed twice
+        if fd >= 0:
+            os.close(fd)
         pid = self._pid
         if not pid:
             return -1

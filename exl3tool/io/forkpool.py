@@ -197,9 +197,9 @@ class ForkPool:
         """Once every index is written (or no worker reads any more), close the feed: EOF."""
         if self._feeder.ident is not None:  # started
             self._feeder.join()
-        if self._task_w >= 0:
-            os.close(self._task_w)
-            self._task_w = -1
+        fd, self._task_w = self._task_w, -1  # cleared first: never closed twice
+        if fd >= 0:
+            os.close(fd)
 
     def wait(self) -> None:
         """Until every worker is done; the first error is raised."""

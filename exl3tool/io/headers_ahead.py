@@ -46,6 +46,7 @@ class HeadersAhead:
     def __init__(self, paths: list[Path], workers: int) -> None:
         self._index = {os.fspath(p): i for i, p in enumerate(paths)}
         self._got: dict[int, _Packed | None] = {}
+        self._taken: set[int] = set()
         self._done = False
         self._cond = threading.Condition()
         self._pool: forkpool.ForkPool | None = forkpool.ForkPool(
@@ -73,8 +74,9 @@ class HeadersAhead:
     def take(self, path: Path, label: str) -> SafetensorsFile | None:
         """The header of `path` as the loader would read it now, or None (read it yourself)."""
         i = self._index.get(os.fspath(path))
-        if i is None:
+        if i is None or i in self._taken:  # asked again (another spelling of the same shard)
             return None
+        self._taken.add(i)
         with self._cond:
             while i not in self._got and not self._done:
                 self._cond.wait()

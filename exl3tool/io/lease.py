@@ -117,8 +117,8 @@ class LeasedMap:
                 raise LeaseRefused(f"F_SETLEASE: {name} ({exc.strerror})") from exc
             self.stamp = FileStamp.of(os.fstat(self._fd))  # fixed from here while intact
         except BaseException:
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None  # cleared first: never closed twice
+            os.close(fd)
             raise
         self.size = self.stamp.size
         self._map: mmap.mmap | None = None
@@ -185,5 +185,5 @@ class LeasedMap:
             # fails once the kernel's timeout broke it; closing releases it anyway
             with contextlib.suppress(OSError):
                 fcntl.fcntl(self._fd, _F_SETLEASE, fcntl.F_UNLCK)
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None  # cleared first: never closed twice
+            os.close(fd)

@@ -93,8 +93,8 @@ class PayloadFile:
                 what = _diff(expected, self.stamp)
                 raise InputChanged(f"{path}: changed after its header was read ({what})")
         except BaseException:
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None  # cleared first: never closed twice
+            os.close(fd)
             raise
         self.size = self.stamp.size
 
@@ -155,9 +155,9 @@ class PayloadFile:
                 os.posix_fadvise(self._fd, 0, 0, advice)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        fd, self._fd = self._fd, None  # cleared first: an interrupt after os.close returns
+        if fd is not None:  # must not leave the number to be closed again (maybe reused)
+            os.close(fd)
 
     def __enter__(self) -> PayloadFile:
         return self

@@ -318,8 +318,8 @@ class StagedFile:
                 self._kick_rest()
         finally:
             self._stages.give(stage)
-        os.close(self._fd)
-        self._fd = None
+        fd, self._fd = self._fd, None  # cleared first: never closed twice
+        os.close(fd)
 
     def abort(self) -> None:
         if self._fd is None:
@@ -328,6 +328,6 @@ class StagedFile:
         if self._stage is not None:
             self._stages.give(self._stage)
             self._stage = None
+        fd, self._fd = self._fd, None  # cleared first: never closed twice
         with contextlib.suppress(OSError):
-            os.close(self._fd)
-        self._fd = None
+            os.close(fd)

@@ -89,6 +89,7 @@ def test_an_mtp_linear_without_a_record_is_one_warning(
     pristine: dict[str, Path], tmp_path: Path
 ) -> None:
     root = copy(pristine["exl3"], tmp_path / "ck")
+    edit_json(root / "config.json", lambda c: c.update(num_nextn_predict_layers=1))
     layers = json.loads((root / "config.json").read_text())["num_hidden_layers"]
     mtp = f"model.layers.{layers}.eh_proj"  # the layer after the last decoder layer
     _clone_linear(root, mtp)
@@ -123,3 +124,38 @@ def test_expert_biases_say_the_runtime_has_none(pristine: dict[str, Path], tmp_p
     hits = [f for f in _validate(root).findings if f.code == "CK030"]
     assert [f.location.tensor for f in hits] == [name]
     assert "no expert biases" in hits[0].message
+
+
+def test_only_declared_mtp_layers_of_the_decoder_are_downgraded(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    """Past num_hidden_layers without num_nextn_predict_layers, or a vision encoder's own
+    `layers.N`, is no MTP head: the runtime refuses those linears (errors)."""
+    root = copy(pristine["exl3"], tmp_path / "ck")
+    layers = json.loads((root / "config.json").read_text())["num_hidden_layers"]
+    _clone_linear(root, f"model.layers.{layers}.extra_proj")  # no MTP layer declared
+    _clone_linear(root, f"vision_model.encoder.layers.{layers}.mlp.fc1")
+    hits = [f for f in _validate(root).findings if f.code == "EX022"]
+    assert len(hits) == 8 and all(f.level is Severity.ERROR for f in hits)
+    edit_json(root / "config.json", lambda c: c.update(num_nextn_predict_layers=1))
+    hits = [f for f in _validate(root).findings if f.code == "EX022"]
+    warned = [f for f in hits if f.level is Severity.WARNING]
+    assert [f.location.tensor.rsplit(".", 1)[0] for f in warned] == [
+        f"model.layers.{layers}.extra_proj"
+    ]
+    assert all(".encoder." in f.location.tensor for f in hits if f.level is Severity.ERROR)
+
+
+def test_a_broken_projection_with_signs_is_still_checked_as_a_linear(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    root = copy(pristine["exl3"], tmp_path / "ck")
+
+    def break_it(t: dict) -> None:
+        t[f"{LINEAR}.trellis"] = ("I16", np.zeros((8, 8), "<i2"))
+        t[f"{LINEAR}.signs"] = ("F16", np.ones((1, 256), np.float16))
+        t.pop(f"{LINEAR}.suh")
+
+    edit_shard(root, _shard(root, f"{LINEAR}.trellis"), break_it)
+    codes = _validate(root).findings.codes()
+    assert {"EX001", "EX004"} <= codes and "EX033" not in codes

@@ -190,3 +190,16 @@ def test_identity_with_headers_ahead_is_the_same(
     assert got.identity is not None and want.identity is not None
     assert got.identity.to_json() == want.identity.to_json()
     assert list(got.findings) == list(want.findings)
+
+
+def test_a_shard_asked_for_twice_is_read_by_the_loader_the_second_time(tmp_path: Path) -> None:
+    """An index may name one shard twice (`./model-1.safetensors` and `model-1.safetensors`):
+    the second take must not wait for a result already handed out."""
+    root = _checkpoint(tmp_path / "ck")
+    ahead = _start(root)
+    try:
+        shard = root / list_safetensors(root)[0]
+        assert ahead.take(shard, shard.name) is not None
+        assert ahead.take(shard, shard.name) is None  # at once, not after every worker ended
+    finally:
+        ahead.stop()

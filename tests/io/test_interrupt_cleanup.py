@@ -6,6 +6,8 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from functools import partial
@@ -19,6 +21,8 @@ from exl3tool.io import atomic
 from exl3tool.io.workers import Background, Worker, join_all, map_threads
 from exl3tool.rules.errors import Interrupted, interrupts_deferred
 from exl3tool.tp.pipeline import run_pipeline
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _interrupt_soon(delay: float = 0.05) -> threading.Timer:
@@ -188,6 +192,9 @@ def test_a_signal_inside_an_import_is_delivered_again_after_it(
             pass
 
     monkeypatch.setattr(threading, "Timer", Timer)
+    other = threading.Event()
+    worker = threading.Thread(target=other.wait, daemon=True)  # a thread that could wait
+    worker.start()  # on a lock the interrupt left held
     (tmp_path / "interrupted_mid_import.py").write_text(
         "import signal, sys\n"
         "from exl3tool.cli import signals\n"
@@ -203,15 +210,43 @@ def test_a_signal_inside_an_import_is_delivered_again_after_it(
     monkeypatch.setattr(signals, "_fired", False)
     monkeypatch.setattr(signals, "_retries", [signals.MAX_RETRIES])
     with pytest.raises(Interrupted):  # the retries spent: raised even inside an import
-        _import_raising(tmp_path)
+        _import_raising(tmp_path, "interrupted_again")
+    monkeypatch.setattr(signals, "_fired", False)
+    monkeypatch.setattr(signals, "_retries", [0])
+    other.set()
+    worker.join()
+    with pytest.raises(Interrupted):  # no other thread: nothing can wait, raised at once
+        _import_raising(tmp_path, "interrupted_alone")
+    assert len(sent) == 1
 
 
-def _import_raising(tmp_path: Path) -> None:
+def _import_raising(tmp_path: Path, name: str) -> None:
     import importlib
 
-    (tmp_path / "interrupted_again.py").write_text(
+    (tmp_path / f"{name}.py").write_text(
         "import signal, sys\n"
         "from exl3tool.cli import signals\n"
         "signals._handler(signal.SIGINT, sys._getframe())\n"
     )
-    importlib.import_module("interrupted_again")
+    importlib.import_module(name)
+
+
+def test_a_signal_the_command_went_on_past_ends_it_as_interrupted(tmp_path: Path) -> None:
+    """Sent again after the last import of a short command, the signal would come after the
+    command ended: the entry point ends it as interrupted (130, one line) all the same."""
+    child = (
+        "import os, signal, sys\n"
+        "class Hook:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'exl3tool.report.text':\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Hook())\n"
+        "import threading; threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+        f"sys.argv = ['exl3tool', 'validate', {str(EXAMPLES / 'r7-tiny')!r}]\n"
+        "from exl3tool.cli import entry\n"
+        "entry()\n"
+    )
+    got = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 130, got.stderr
+    assert got.stderr.strip() == "exl3tool: interrupted"
