@@ -181,7 +181,9 @@ def run(opts: Options) -> IdentityResult:
     result = IdentityResult(path, hashed.kind.value, hashed.identity)
     identity_findings(hashed, result.findings, str(path))
     if opts.sha256sum is not None:
-        result.manifest_files = write_sha256sum(path, opts.sha256sum, opts.threads, opts.force)
+        result.manifest_files = write_sha256sum(
+            path, opts.sha256sum, opts.threads, opts.force, hashed.ckpt
+        )
     return result
 
 
@@ -244,16 +246,23 @@ def _artifact_files(path: Path, exclude: Path | None) -> tuple[Path, list[str]]:
     return path, sorted(files)
 
 
-def write_sha256sum(path: Path, target: Path, threads: int | None, force: bool) -> int:
-    """Write a `sha256sum -c` manifest of the artifact's files (paths relative to it)."""
+def write_sha256sum(
+    path: Path, target: Path, threads: int | None, force: bool, ckpt: Any = None
+) -> int:
+    """Write a `sha256sum -c` manifest of the artifact's files (paths relative to it). Each
+    shard of `ckpt` (the identity's) must still be the file its header was read from: one
+    changed in between is InputChanged (exit 3), not a manifest of other bytes."""
     from exl3tool.identity.engine import hash_files
     from exl3tool.io.atomic import write_bytes_atomic
     from exl3tool.io.progress import progress_bar
 
     root, rels = _artifact_files(path, target)
-    total = sum((root / r).stat().st_size for r in rels)
+    stamps = {os.path.abspath(st.path): st.stamp for st in ckpt.shards.values()} if ckpt else {}
+    files = [root / r for r in rels]
+    expected = {p: stamps[a] for p in files if (a := os.path.abspath(p)) in stamps}
+    total = sum(p.stat().st_size for p in files)
     with progress_bar(total, "sha256 of files") as bar:
-        digests = hash_files([root / r for r in rels], "sha256", threads, bar)
+        digests = hash_files(files, "sha256", threads, bar, expected)
     text = "".join(_manifest_line(digests[root / r], r) for r in rels)
     write_bytes_atomic(target, text.encode(), force=force)
     return len(rels)

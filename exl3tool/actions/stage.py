@@ -64,6 +64,14 @@ def run(opts: Options) -> StageResult:
                 progress=bar,
             )
     except StageError as exc:
+        changed = [f for f in exc.findings if f.code == "ST023"]
+        if changed:  # an input that changed while it was read: exit 3 naming it, as elsewhere
+            from exl3tool.io.views import InputChanged
+
+            where = changed[0].location.file or str(adapter)
+            raise InputChanged(
+                f"{where}: {changed[0].message}; {opts.out} was not created or changed"
+            ) from None
         report = Report([ArtifactRef(str(adapter), "cartridge")], exc.findings)
         report.notes.append(f"{exc}; {opts.out} was not created or changed")
         return StageResult(opts.out, None, report)

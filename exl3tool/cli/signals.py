@@ -1,6 +1,7 @@
 """SIGINT and SIGTERM at any moment: the stack unwinds (temp directories and atomic writers
 clean up), then one quiet line and exit 130 (Ctrl-C) or 143 (SIGTERM). Installed by the
-console entry point before the heavy imports, so a Ctrl-C during start-up is quiet too."""
+console entry point before the heavy imports: a Ctrl-C during most of start-up is quiet too (not
+in the interpreter's own first milliseconds, before any of exl3tool runs)."""
 
 from __future__ import annotations
 

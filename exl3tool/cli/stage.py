@@ -42,8 +42,8 @@ def stage_cartridge(
     """Copy, verify and validate a cartridge against its base; publish OUT atomically.
 
     Exit 0: staged; 1: the adapter was refused or OUT cannot be written (nothing appears
-    at OUT); 2: usage error; 3: an input cannot be read; 130/143: interrupted (nothing
-    appears at OUT)."""
+    at OUT); 2: usage error; 3: an input cannot be read or changed while it was read; 130/143:
+    interrupted (nothing appears at OUT, unless the signal came after it was published)."""
     from exl3tool.actions import stage as action
     from exl3tool.report.render import emit
 

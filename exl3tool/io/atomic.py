@@ -333,30 +333,33 @@ def atomic_file(
     target = Path(target).absolute()
     check_output_place(target, force, inputs, directory=False)
     remove_stale_temps(target)  # a killed run's leftover files; never a live run's
-    try:
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
-    except OSError as exc:
-        raise _cannot_write(target, exc) from exc
-    tmp = Path(name)
+    tmp: Path | None = None
     held = -1  # a second descriptor whose flock `remove_stale_temps` sees until it is published
     try:
+        with interrupts_deferred():  # the file is made and named at once: an interrupt comes
+            try:  # after, when the cleanup below knows what to remove
+                fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+            except OSError as exc:
+                raise _cannot_write(target, exc) from exc
+            tmp = Path(name)
+            fh = os.fdopen(fd, mode)
         with _as_output_error(target):
-            try:
+            with fh:
                 if sys.platform != "win32":
                     import fcntl
 
-                    held = os.dup(fd)
+                    held = os.dup(fh.fileno())
                     fcntl.flock(held, fcntl.LOCK_EX)
-                with os.fdopen(fd, mode) as fh:
-                    yield fh
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.chmod(tmp, 0o644)
-                _publish(tmp, target, force)
-            except BaseException:
-                with interrupts_deferred(), contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
-                raise
+                yield fh
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o644)
+            _publish(tmp, target, force)
+    except BaseException:
+        if tmp is not None:
+            with interrupts_deferred(), contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        raise
     finally:
         if held >= 0:
             os.close(held)

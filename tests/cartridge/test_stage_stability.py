@@ -104,3 +104,28 @@ def test_a_crashing_check_is_a_finding_not_a_traceback(
         stage_cartridge(cart, base, out=tmp_path / "out", threads=1)
     assert [f.rule.code for f in err.value.findings if f.rule.code == "CA099"] == ["CA099"]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_command_says_a_changed_input_is_exit_3_naming_it(
+    pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stage-cartridge` ends as every command does for an input that changed while it was
+    read: exit 3 and one line naming the file (README's exit codes), nothing at OUT."""
+    from exl3tool.actions import stage as action
+    from exl3tool.io.views import InputChanged
+
+    base, cart = pair
+    shard = sorted(cart.glob("*.safetensors"))[0]
+    done: list[str] = []
+
+    def hook(path: str, n: int) -> None:  # during the copy of the adapter's shards
+        if not done:
+            done.append(path)
+            _rewrite(shard)
+
+    monkeypatch.setattr(stage, "copy_hook", hook)
+    out = tmp_path / "out"
+    with pytest.raises(InputChanged) as err:
+        action.run(action.Options(cart, base, out, None, False, 1))
+    assert err.value.exit_code == 3 and shard.name in str(err.value)
+    assert not out.exists()

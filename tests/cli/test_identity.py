@@ -221,3 +221,24 @@ def test_a_broken_artifact_in_json_gives_its_findings_as_json(base: Path, tmp_pa
     record = tmp_path / "id.json"
     code, out, _err = run("identity", str(base), "--format", "json", "-o", str(record))
     assert code == 1 and not record.exists() and out == ""  # no answer written for it
+
+
+def test_a_shard_changed_before_the_manifest_pass_is_exit_3_and_no_manifest(
+    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `--sha256sum` manifest is hashed after the identity: a shard that changed in
+    between would be described by a manifest of other bytes than the identity's."""
+    from exl3tool.identity import engine
+
+    real = engine.hash_files
+
+    def append_first(paths, *args, **kw):  # type: ignore[no-untyped-def]
+        with open(base / SHARD3, "ab") as fh:
+            fh.write(b"\0" * 4096)
+        return real(paths, *args, **kw)
+
+    monkeypatch.setattr(engine, "hash_files", append_first)
+    sums = tmp_path / "SHA256SUMS"
+    code, out, err = run("identity", base, "--sha256sum", sums)
+    assert code == 3 and SHARD3 in err
+    assert not sums.exists()
