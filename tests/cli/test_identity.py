@@ -239,6 +239,6 @@ def test_a_shard_changed_before_the_manifest_pass_is_exit_3_and_no_manifest(
 
     monkeypatch.setattr(engine, "hash_files", append_first)
     sums = tmp_path / "SHA256SUMS"
-    code, out, err = run("identity", base, "--sha256sum", sums)
+    code, _, err = run("identity", base, "--sha256sum", sums)
     assert code == 3 and SHARD3 in err
     assert not sums.exists()
