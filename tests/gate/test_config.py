@@ -140,3 +140,12 @@ def test_any_document_gives_a_config_or_findings_never_a_crash(data: object) -> 
         assert findings.codes() == {"GT001"}
     else:
         assert all(isinstance(a.path, str) for a in cfg.artifacts)
+
+
+@pytest.mark.parametrize("body", ["tool = 1\n", "tool = [1, 2]\n", 'tool = "x"\n'])
+def test_a_pyproject_whose_tool_is_no_table_is_no_config(tmp_path: Path, body: str) -> None:
+    """`tool` that is not a table holds no [tool.exl3tool] (it was a TypeError traceback)."""
+    (tmp_path / "pyproject.toml").write_text(body)
+    assert discover(tmp_path) is None
+    with pytest.raises(UsageError, match=r"\[tool.exl3tool\]"):
+        load_config(tmp_path / "pyproject.toml", Findings())

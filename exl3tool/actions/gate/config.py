@@ -165,12 +165,18 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise UsageError(f"config {path} is not valid TOML: nested too deeply") from None
 
 
+def _tool_table(data: dict[str, Any]) -> Any:
+    """pyproject.toml's [tool.exl3tool] table, or None (absent, or `tool` is not a table)."""
+    tool = data.get("tool")
+    return tool.get("exl3tool") if isinstance(tool, dict) else None
+
+
 def load_config(path: Path, findings: Findings) -> GateConfig:
     """Load exl3tool.toml, or the [tool.exl3tool] table of a pyproject.toml."""
     path = Path(path)
     data: Any = _read_toml(path)
     if path.name == "pyproject.toml":
-        data = data.get("tool", {}).get("exl3tool")
+        data = _tool_table(data)
         if data is None:
             raise UsageError(f"{path} has no [tool.exl3tool] table")
     return from_mapping(data, root=path.resolve().parent, source=path, findings=findings)
@@ -182,6 +188,6 @@ def discover(cwd: Path) -> Path | None:
     if candidate.is_file():
         return candidate
     pyproject = cwd / "pyproject.toml"
-    if pyproject.is_file() and "exl3tool" in _read_toml(pyproject).get("tool", {}):
+    if pyproject.is_file() and _tool_table(_read_toml(pyproject)) is not None:
         return pyproject
     return None
