@@ -206,6 +206,8 @@ def check_record(opts: Options) -> IdentityResult:
     result.findings.extend(hashed.container)
     if hashed.container.has_errors():
         return result  # digests of a broken container match or differ by accident
+    if opts.layers and not hashed.identity.tensors and hashed.ckpt.tensors:
+        raise UsageError(f"--layers {opts.layers} selects no tensor of {path}: {_held(hashed)}")
     result.identity = hashed.identity
     identity_findings(hashed, result.findings, str(path))
     check(rec, hashed.identity, result.findings, str(path))

@@ -99,6 +99,13 @@ def test_layers_that_select_nothing_are_a_usage_error(base: Path) -> None:
     assert run("identity", base, "--layers", "4,99")[0] == 0  # some of it is there
 
 
+def test_check_with_layers_that_select_nothing_is_a_usage_error(base: Path, tmp_path: Path) -> None:
+    rec = tmp_path / "id.json"
+    assert run("identity", base, "-f", "json", "-o", rec)[0] == 0
+    code, _, err = run("identity", "--check", rec, base, "--layers", "99")
+    assert code == 2 and "--layers 99 selects no tensor" in err
+
+
 def test_check_ok_prints_one_line(base: Path, tmp_path: Path) -> None:
     rec = tmp_path / "id.json"
     assert run("identity", base, "--algo", "sha256", "-f", "json", "-o", rec)[0] == 0
