@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from types import FrameType
 from typing import Any
 
@@ -22,7 +23,7 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     global _fired
     if _fired:  # a second signal while cleaning up: leave now
         os._exit(128 + signum)
-    if _importing(frame) and _again(signum):  # raised here, it could leave an import lock held
+    if _unsafe(frame) and _again(signum):  # raised here, it could leave a lock held
         return
     _fired = True
     _pending[:] = [signum]  # until the command ends: see `received`
@@ -74,8 +75,19 @@ MAX_RETRIES = 200  # then raised anyway (one second: no import takes that long)
 _retries = [0]
 
 
-def _importing(frame: FrameType | None) -> bool:
-    """Whether the main thread is inside the import system, or its global lock is held."""
+# Where an exception cannot be raised safely, as the innermost frame: a class body's
+# `__set_name__` (type() turns it into a RuntimeError traceback) and threading's own lock
+# juggling (`Thread.start` interrupted between two releases: "release unlocked lock").
+_UNSAFE_NAMES = frozenset(("__set_name__", "__init_subclass__"))
+
+
+def _unsafe(frame: FrameType | None) -> bool:
+    """Whether the main thread is inside the import system (or its global lock is held), or
+    the innermost frame is one where an exception cannot be raised safely."""
+    if frame is not None and (
+        frame.f_code.co_name in _UNSAFE_NAMES or frame.f_code.co_filename == threading.__file__
+    ):
+        return True
     while frame is not None:
         if frame.f_code.co_filename in _IMPORT_FILES:
             return True
@@ -85,11 +97,10 @@ def _importing(frame: FrameType | None) -> bool:
 
 def _again(signum: int) -> bool:
     """Deliver `signum` to this process again in RETRY_S (a timer thread: a handler must not
-    wait); False where that is not needed (no other thread could wait on a lock) or the
-    retries are spent."""
-    threading = sys.modules.get("threading")  # not loaded: no other thread exists
-    if threading is None or threading.active_count() < 2 or _retries[0] >= MAX_RETRIES:
-        return False  # a lock left held only blocks other threads (the import lock re-enters)
+    wait); False once the retries are spent. Also where no other thread runs yet: a lock left
+    held blocks the threads the command starts later (a slice's workers hung so)."""
+    if _retries[0] >= MAX_RETRIES:
+        return False
     _retries[0] += 1
     _pending[:] = [signum]
     timer = threading.Timer(RETRY_S, os.kill, (os.getpid(), signum))

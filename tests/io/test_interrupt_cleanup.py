@@ -214,10 +214,50 @@ def test_a_signal_inside_an_import_is_delivered_again_after_it(
     monkeypatch.setattr(signals, "_fired", False)
     monkeypatch.setattr(signals, "_retries", [0])
     other.set()
-    worker.join()
-    with pytest.raises(Interrupted):  # no other thread: nothing can wait, raised at once
-        _import_raising(tmp_path, "interrupted_alone")
-    assert len(sent) == 1
+    worker.join()  # no other thread now: one started later could wait on a leaked lock too
+    (tmp_path / "interrupted_alone.py").write_text(
+        "import signal, sys\n"
+        "from exl3tool.cli import signals\n"
+        "signals._handler(signal.SIGTERM, sys._getframe())\n"
+    )
+    importlib.import_module("interrupted_alone")
+    assert sent[-1] == (signals.RETRY_S, signal.SIGTERM)
+
+
+def test_a_signal_in_set_name_or_in_threading_is_delivered_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Raised in a class body's `__set_name__`, Interrupted becomes a RuntimeError traceback;
+    raised inside Thread.start, "release unlocked lock": both are sent again instead."""
+    monkeypatch.setattr(signals, "_fired", False)
+    monkeypatch.setattr(signals, "_retries", [0])
+    sent: list[object] = []
+
+    class Timer:
+        def __init__(self, delay: float, fn: object, args: tuple) -> None:
+            sent.append(args[1])
+            self.daemon = False
+
+        def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(threading, "Timer", Timer)
+
+    class Field:
+        def __set_name__(self, owner: type, name: str) -> None:
+            signals._handler(signal.SIGINT, sys._getframe())
+
+    class Holder:  # its creation calls __set_name__
+        f = Field()
+
+    def in_threading() -> None:  # a frame whose code lives in threading.py
+        code = compile(
+            "signals._handler(signal.SIGINT, sys._getframe())", threading.__file__, "exec"
+        )
+        exec(code, {"signals": signals, "signal": signal, "sys": sys})
+
+    in_threading()
+    assert sent == [signal.SIGINT, signal.SIGINT]
 
 
 def _import_raising(tmp_path: Path, name: str) -> None:
