@@ -75,21 +75,23 @@ MAX_RETRIES = 200  # then raised anyway (one second: no import takes that long)
 _retries = [0]
 
 
-# Where an exception cannot be raised safely, as the innermost frame: a class body's
-# `__set_name__` (type() turns it into a RuntimeError traceback) and threading's own lock
-# juggling (`Thread.start` interrupted between two releases: "release unlocked lock").
+# Where an exception cannot be raised safely: a class body's `__set_name__` as the innermost
+# frame (type() turns it into a RuntimeError traceback), and `Thread.start` (interrupted
+# between two releases of its lock: "release unlocked lock", or a thread that runs unjoined).
+# A wait elsewhere in threading (join_all's) is where an interrupt normally lands: raised.
 _UNSAFE_NAMES = frozenset(("__set_name__", "__init_subclass__"))
 
 
 def _unsafe(frame: FrameType | None) -> bool:
-    """Whether the main thread is inside the import system (or its global lock is held), or
-    the innermost frame is one where an exception cannot be raised safely."""
-    if frame is not None and (
-        frame.f_code.co_name in _UNSAFE_NAMES or frame.f_code.co_filename == threading.__file__
-    ):
+    """Whether the main thread is inside the import system (or its global lock is held), in
+    `Thread.start`, or in a frame where an exception cannot be raised safely."""
+    if frame is not None and frame.f_code.co_name in _UNSAFE_NAMES:
         return True
     while frame is not None:
-        if frame.f_code.co_filename in _IMPORT_FILES:
+        code = frame.f_code
+        if code.co_filename in _IMPORT_FILES:
+            return True
+        if code.co_name == "start" and code.co_filename == threading.__file__:
             return True
         frame = frame.f_back
     return _imp.lock_held()

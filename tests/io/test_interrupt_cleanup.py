@@ -250,14 +250,21 @@ def test_a_signal_in_set_name_or_in_threading_is_delivered_again(
     class Holder:  # its creation calls __set_name__
         f = Field()
 
-    def in_threading() -> None:  # a frame whose code lives in threading.py
-        code = compile(
-            "signals._handler(signal.SIGINT, sys._getframe())", threading.__file__, "exec"
+    def in_thread_start() -> None:  # a frame of threading.py's Thread.start
+        src = "def start():\n    signals._handler(signal.SIGINT, sys._getframe())\nstart()\n"
+        exec(
+            compile(src, threading.__file__, "exec"),
+            {"signals": signals, "signal": signal, "sys": sys},
         )
-        exec(code, {"signals": signals, "signal": signal, "sys": sys})
 
-    in_threading()
+    in_thread_start()
     assert sent == [signal.SIGINT, signal.SIGINT]
+    with pytest.raises(Interrupted):  # a wait elsewhere in threading: raised as always
+        src = "def wait():\n    signals._handler(signal.SIGINT, sys._getframe())\nwait()\n"
+        exec(
+            compile(src, threading.__file__, "exec"),
+            {"signals": signals, "signal": signal, "sys": sys},
+        )
 
 
 def _import_raising(tmp_path: Path, name: str) -> None:
