@@ -67,15 +67,21 @@ def _start(root: Path) -> headers_ahead.HeadersAhead:
     return ahead
 
 
-def test_headers_read_ahead_are_the_loaders_own(tmp_path: Path) -> None:
-    root = _checkpoint(tmp_path / "ck")
+def _ahead_and_here(root: Path) -> tuple[_Counting, Any, Any]:
+    """(the counted takes, (checkpoint, findings) loaded with headers read ahead, the same
+    loaded without)."""
     ahead = _start(root)
     take = _Counting(ahead)
     try:
-        got, got_findings = _load(root, take)
+        got = _load(root, take)
     finally:
         ahead.stop()
-    want, want_findings = _load(root)
+    return take, got, _load(root)
+
+
+def test_headers_read_ahead_are_the_loaders_own(tmp_path: Path) -> None:
+    root = _checkpoint(tmp_path / "ck")
+    take, (got, got_findings), (want, want_findings) = _ahead_and_here(root)
     assert take.hits == 4 and take.misses == 0  # every shard came from a worker
     assert _shape(got) == _shape(want)
     assert list(got.tensors) == list(want.tensors)
@@ -107,13 +113,7 @@ def test_a_shard_with_findings_is_left_to_the_loader(tmp_path: Path) -> None:
     (n,) = struct.unpack("<Q", raw[:8])
     raw[8 : 8 + n] = raw[8 : 8 + n].replace(b'"dtype"', b'"dtyPe"', 1)  # an unknown field
     shard.write_bytes(bytes(raw))
-    ahead = _start(root)
-    take = _Counting(ahead)
-    try:
-        got, got_findings = _load(root, take)
-    finally:
-        ahead.stop()
-    want, want_findings = _load(root)
+    take, (got, got_findings), (want, want_findings) = _ahead_and_here(root)
     assert take.misses == 1 and take.hits == 3
     assert got_findings == want_findings and want_findings
     assert _shape(got) == _shape(want)
@@ -123,13 +123,7 @@ def test_a_fifo_posing_as_a_shard_does_not_hang_a_worker(tmp_path: Path) -> None
     root = _checkpoint(tmp_path / "ck")
     fifo = root / "zz-pipe.safetensors"
     os.mkfifo(fifo)
-    ahead = _start(root)
-    take = _Counting(ahead)
-    try:
-        got, got_findings = _load(root, take)
-    finally:
-        ahead.stop()
-    want, want_findings = _load(root)
+    take, (got, got_findings), (want, want_findings) = _ahead_and_here(root)
     assert take.hits == 4
     assert got_findings == want_findings
     assert _shape(got) == _shape(want)
@@ -147,13 +141,7 @@ def test_a_worker_that_dies_leaves_its_shards_to_the_loader(
         return real(path)
 
     monkeypatch.setattr(headers_ahead, "_read_clean", dies_on_the_third)
-    ahead = _start(root)
-    take = _Counting(ahead)
-    try:
-        got, _ = _load(root, take)
-    finally:
-        ahead.stop()
-    want, _ = _load(root)
+    take, (got, _), (want, _) = _ahead_and_here(root)
     assert take.misses >= 1
     assert _shape(got) == _shape(want)
 
