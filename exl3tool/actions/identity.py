@@ -118,15 +118,19 @@ def _headers_ahead(path: Path, threads: int | None) -> Any:
     return headers_ahead.start(path, names, workers)
 
 
-def _held(h: Hashed) -> str:
-    """The layers an artifact holds, e.g. `it holds layers 0-47 and other`."""
+def _check_selection(spec: str | None, h: Hashed, path: Path) -> None:
+    """A usage error for `--layers` that selects no tensor of an artifact that has some,
+    naming the layers it holds (e.g. `it holds layers 0-47 and other`)."""
+    if not spec or h.identity.tensors or not h.ckpt.tensors:
+        return
     from exl3tool.identity.fast import OTHER, layer_key
     from exl3tool.io.layer_spec import layers_text
 
     keys = set(map(layer_key, h.ckpt.tensors))
     numbers = sorted(int(k) for k in keys if k != OTHER)
     parts = [layers_text(numbers)] if numbers else []
-    return "it holds " + " and ".join([*parts, *([OTHER] if OTHER in keys else [])])
+    held = " and ".join([*parts, *([OTHER] if OTHER in keys else [])])
+    raise UsageError(f"--layers {spec} selects no tensor of {path}: it holds {held}")
 
 
 def identity_findings(h: Hashed, findings: Findings, label: str) -> None:
@@ -176,8 +180,7 @@ def run(opts: Options) -> IdentityResult:
     if hashed.container.has_errors():
         errors = anchor(path, Findings(hashed.container.errors()))
         return IdentityResult(path, hashed.kind.value, None, errors)
-    if opts.layers and not hashed.identity.tensors and hashed.ckpt.tensors:
-        raise UsageError(f"--layers {opts.layers} selects no tensor of {path}: {_held(hashed)}")
+    _check_selection(opts.layers, hashed, path)
     result = IdentityResult(path, hashed.kind.value, hashed.identity)
     identity_findings(hashed, result.findings, str(path))
     if opts.sha256sum is not None:
@@ -206,8 +209,7 @@ def check_record(opts: Options) -> IdentityResult:
     result.findings.extend(hashed.container)
     if hashed.container.has_errors():
         return result  # digests of a broken container match or differ by accident
-    if opts.layers and not hashed.identity.tensors and hashed.ckpt.tensors:
-        raise UsageError(f"--layers {opts.layers} selects no tensor of {path}: {_held(hashed)}")
+    _check_selection(opts.layers, hashed, path)
     result.identity = hashed.identity
     identity_findings(hashed, result.findings, str(path))
     check(rec, hashed.identity, result.findings, str(path))
