@@ -22,7 +22,7 @@ from typing import Any
 from exl3tool.actions.counts import check_counts
 from exl3tool.formats.checkpoint import Checkpoint, load_checkpoint
 from exl3tool.formats.detect import Kind, detect
-from exl3tool.formats.experts import expert_count, expert_table
+from exl3tool.formats.experts import expert_count, expert_table, model_config
 from exl3tool.formats.names import layer_of
 from exl3tool.formats.tail import config_tail, layer_range
 from exl3tool.io.gcpause import paused_gc
@@ -340,9 +340,7 @@ def _plan_rest(rest: dict[str, Any], ctx: _Context, tally: _Tally, skip: set[str
 
 
 def _moe_sizes(config: Any) -> tuple[int, int, int] | None:
-    cfg = config if isinstance(config, dict) else {}
-    text = cfg.get("text_config")
-    cfg = {**cfg, **text} if isinstance(text, dict) else cfg
+    cfg = model_config(config)
     count = expert_count(cfg)
     hidden = cfg.get("hidden_size")
     inter = cfg.get("moe_intermediate_size", cfg.get("intermediate_size"))

@@ -19,8 +19,8 @@ from exl3tool.formats.exl3 import (
     codebook_of,
     group_linears,
 )
-from exl3tool.formats.experts import config_int, expert_count
-from exl3tool.formats.names import layer_of
+from exl3tool.formats.experts import config_int, expert_count, model_config
+from exl3tool.formats.names import is_encoder_tower, layer_of
 from exl3tool.io.dtypes import TORCH_NAMES
 from exl3tool.io.strict_json import pointer_join
 from exl3tool.rules import checkpoint as ck
@@ -90,7 +90,7 @@ def _check_storage_map(
     """Every record of one tensor_storage map, and every EXL3 tensor listed in its own record
     (the runtime looks a linear up by its prefix and takes its codebook from that record)."""
     check_storage_records(ckpt, ts, groups, findings, file, base)
-    mtp = _mtp_layers(_text_config(ckpt.config))
+    mtp = _mtp_layers(model_config(ckpt.config))
     for prefix, group in groups.items():
         rec = ts.get(prefix)
         own = rec.get("stored_tensors") if isinstance(rec, dict) else None
@@ -114,14 +114,7 @@ def _check_storage_map(
             )
 
 
-_VISION = ("visual", "vision")  # name segments of an encoder tower (Qwen-VL, GLM4V, Gemma)
 _DECODER = re.compile(r"(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(0|[1-9][0-9]{0,5})\.")
-
-
-def _text_config(config: Any) -> Any:
-    """The decoder's config: config.json itself, or its text_config (vision-language models)."""
-    text = config.get("text_config") if isinstance(config, dict) else None
-    return text if isinstance(text, dict) else config
 
 
 def _mtp_layers(config: Any) -> range:
@@ -139,11 +132,10 @@ def _unlisted(prefix: str, has_record: bool, mtp: range) -> tuple[str, Severity 
     only as a speculative draft), the rule's error otherwise."""
     if has_record:
         return "EXL3 tensor not listed in its linear's tensor_storage record", None
-    segments = prefix.split(".")
-    vision = any(seg.startswith(_VISION) for seg in segments)
+    vision = is_encoder_tower(prefix)
     decoder = _DECODER.match(prefix)
     in_mtp = decoder is not None and int(decoder.group(1)) in mtp
-    if not vision and (in_mtp or "mtp" in segments):
+    if not vision and (in_mtp or "mtp" in prefix.split(".")):
         return (
             "EXL3 tensor of an MTP-layer linear without a tensor_storage record: the runtime "
             "builds MTP layers only as a speculative draft, and then cannot load it "

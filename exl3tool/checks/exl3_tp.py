@@ -15,6 +15,8 @@ from typing import Any
 
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import LinearGroup
+from exl3tool.formats.experts import model_config
+from exl3tool.formats.names import is_encoder_tower
 from exl3tool.rules import tp as tp_rules
 from exl3tool.rules.registry import Findings
 from exl3tool.tp.plan import attention_geometry
@@ -32,9 +34,7 @@ EXPERTS = ".mlp.experts."
 def _config_sizes(config: Any) -> dict[tuple[str, str], int]:
     """The logical sizes config.json gives the split side of each linear kind: the runtime
     partitions those, not the trellis a converter padded to 128 (docs/formats/exl3.md §1.4)."""
-    cfg = config if isinstance(config, dict) else {}
-    text = cfg.get("text_config")
-    cfg = {**cfg, **text} if isinstance(text, dict) else cfg
+    cfg = model_config(config)
 
     def num(key: str) -> int | None:
         v = cfg.get(key)
@@ -109,7 +109,7 @@ def check_tp_slices(
     for prefix, t in linears:
         if len(t.info.shape) != 3:
             continue
-        if "vision" in prefix or "visual" in prefix:
+        if is_encoder_tower(prefix):
             continue  # an encoder tower: its own heads, and the runtime may replicate it
         leaf = prefix.rpartition(".")[2]
         kind = "expert" if EXPERTS in prefix else leaf

@@ -25,6 +25,14 @@ def expert_count(config: dict[str, Any] | None) -> tuple[str, int] | None:
     return None
 
 
+def model_config(config: Any) -> dict[str, Any]:
+    """The decoder's settings: config.json with its `text_config` (vision-language models)
+    laid over it; {} for a config that is not an object."""
+    cfg = config if isinstance(config, dict) else {}
+    text = cfg.get("text_config")
+    return {**cfg, **text} if isinstance(text, dict) else cfg
+
+
 def config_int(config: dict[str, Any] | None, key: str) -> int | None:
     v = (config or {}).get(key)
     return v if is_json_int(v) else None

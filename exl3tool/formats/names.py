@@ -68,6 +68,12 @@ def layer_of(name: str) -> int | None:
     return int(m.group("layer")) if m else None
 
 
+def is_encoder_tower(name: str) -> bool:
+    """Whether a module or tensor name lies in a vision encoder tower (Qwen-VL `visual`,
+    `vision_tower`, `vision_model`), which has its own geometry and is not the text decoder."""
+    return "vision" in name or "visual" in name
+
+
 def split_field(name: str) -> tuple[str, str]:
     """`a.b.c.trellis` -> (`a.b.c`, `trellis`)."""
     prefix, _, last = name.rpartition(".")

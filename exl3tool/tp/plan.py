@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.detect import Kind
 from exl3tool.formats.exl3 import group_linears
+from exl3tool.formats.experts import model_config
 from exl3tool.formats.names import R7_SHARED_RE, parse_expert, split_field
 from exl3tool.rules import tp as tp_rules
 from exl3tool.rules.registry import Findings, Rule
@@ -93,12 +94,6 @@ def _refuse_input(message: str, tensor: str | None = None) -> PlanRefused:
     return PlanRefused(f)
 
 
-def _model_config(config: dict | None) -> dict:
-    cfg = config if isinstance(config, dict) else {}
-    text = cfg.get("text_config")
-    return {**cfg, **text} if isinstance(text, dict) else cfg
-
-
 def _int(cfg: dict, key: str) -> int | None:
     v = cfg.get(key)
     return v if type(v) is int and v > 0 else None
@@ -106,7 +101,7 @@ def _int(cfg: dict, key: str) -> int | None:
 
 def attention_geometry(config: dict | None) -> tuple[int, int] | None:
     """(num_key_value_heads, head_dim) from config.json, or None when it does not say."""
-    cfg = _model_config(config)
+    cfg = model_config(config)
     kv = _int(cfg, "num_key_value_heads") or _int(cfg, "num_attention_heads")
     head_dim = _int(cfg, "head_dim")
     if head_dim is None and _int(cfg, "hidden_size") and _int(cfg, "num_attention_heads"):
