@@ -77,7 +77,7 @@ def hash_artifact(
         ahead = early.start(path, algo, threads) if spec is None else None  # hashes while we parse
         ckpt, kind, findings = open_artifact(path, headers.take if headers else None)
         if headers is not None:
-            headers.stop()
+            headers.stop()  # done with: its workers go before the hashing (again below: a no-op)
         plan = select(build_plan(ckpt), parse_layers(spec) if spec else None)
         if kind is Kind.MSRT_BASE and compat is not False:
             compat = True  # a base's identity is its point; keep it even when defective

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from exl3tool.io import forkpool, views
+from exl3tool.io.progress import NO_PROGRESS
 from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo, read_header
 from exl3tool.rules.registry import Findings
 
@@ -50,7 +51,7 @@ class HeadersAhead:
         self._done = False
         self._cond = threading.Condition()
         self._pool: forkpool.ForkPool | None = forkpool.ForkPool(
-            workers, range(len(paths)), _starter(paths), self._accept, _NoProgress()
+            workers, range(len(paths)), _starter(paths), self._accept, NO_PROGRESS
         )
         self._waiter = threading.Thread(target=self._wait, name="exl3-headers", daemon=True)
         self._waiter.start()
@@ -100,11 +101,6 @@ class HeadersAhead:
         if pool is not None:
             pool.cancel()
         self._waiter.join()
-
-
-class _NoProgress:
-    def advance(self, n: int) -> None:
-        pass
 
 
 def _starter(paths: list[Path]) -> Callable[[Any], Callable[[int], tuple[int, Any]]]:
