@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from exl3tool.io import forkpool
-from exl3tool.io.lease import LeasedMap, LeaseRefused
+from exl3tool.io.lease import DROP_ALIGN, LeasedMap, LeaseRefused
 from exl3tool.io.progress import NO_PROGRESS, Progress
 from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo
 from exl3tool.io.views import InputChanged, PayloadFile, same_content, verify_stamp
@@ -54,12 +54,15 @@ DROP_EVERY = 32 << 20  # bytes a worker hashes between progress updates
 # bytes); its jobs of up to half a batch are batched, MAP_BATCH bytes a batch whatever the
 # number of threads, and each worker drops the pages it hashed every MAP_RESIDENT / threads
 # bytes (at least DROP_MIN): resident memory stays near MAP_RESIDENT plus a tensor a thread.
+# 64 MiB (was 128): with the compatibility block, 16 GB of 200 KB tensors hashed by 16
+# workers peaked at 322 MB with 128 MiB and 285-292 MB with 64 (2-core VM, --threads 16,
+# benchmarks/identity_memory_probe.py); on 2 cores the same speed (paired, 4 GB).
 # 16-core host, 12 GB GLM mix: 391 units of 32 MB hash in 0.23-0.26 s where 2881 (8 MB
 # batches, a drop each) took 0.29-0.33 s; each drop's TLB shootdown stalls every thread. On
 # 2 cores 32 MB batches hash the GLM mix 8 % faster than 8 MB ones.
 MAP_WINDOW = 8 << 20
 MAP_BATCH = 32 << 20
-MAP_RESIDENT = 128 << 20
+MAP_RESIDENT = 64 << 20
 DROP_MIN = 2 << 20  # the least a worker hashes between drops (each stalls every thread)
 # One-thread units go to forked workers (io/forkpool) from this many threads and this many
 # bytes: 16-core host, GLM-5.2 mix, 36 GB: 16 processes 1.2 s, 16 threads 2.6 s
@@ -425,8 +428,12 @@ class _Worker:
                     leased.check()
                     due = at + MAP_WINDOW
                 if at - kept >= span and leased is not None:
-                    leased.drop(kept, at)
-                    kept = at
+                    # up to the block `at` is in: the folio a fault at `at` maps below it is
+                    # dropped by the next drop, which starts at that block
+                    edge = at - at % DROP_ALIGN
+                    if edge > kept:
+                        leased.drop(kept, edge)
+                        kept = edge
                 at -= lo
                 job = k & job_mask
                 data = view[at : at + ((k >> _SIZE_SHIFT) & mask)]

@@ -47,9 +47,13 @@ LOCAL_FS = {
     0x2FC12FC1: "zfs",
     0x01021994: "tmpfs",
 }
-# The kernel's fault_around_bytes (64 KiB by default): a read fault maps the cached pages of
-# the aligned block around it.
-FAULT_AROUND = max(64 << 10, mmap.PAGESIZE)
+# A read fault maps more than its page: the cached pages of the aligned fault_around_bytes
+# block around it (64 KiB by default), and since Linux 6.16 (ext4 large folios; tmpfs, xfs
+# earlier) the whole page-cache folio it falls in, up to a PMD (2 MiB on x86-64 and arm64 with
+# 4 KiB pages). A drop widened to 2 MiB blocks of the file leaves none of them behind; one
+# widened to 64 KiB left up to a folio per drop point resident (16 GB hashed by 16 workers:
+# ~40 MB more, growing with the bytes hashed; benchmarks/identity_memory_probe.py).
+DROP_ALIGN = max(2 << 20, mmap.PAGESIZE)
 MIN_BREAK_S = 5  # a reader checks `intact()` every few MB: well within this even when loaded
 _F_SETSIG, _F_SETLEASE, _F_GETLEASE = 10, 1024, 1025  # linux/fcntl.h
 _BREAK_TIME = Path("/proc/sys/fs/lease-break-time")
@@ -157,13 +161,14 @@ class LeasedMap:
     def drop(self, start: int, end: int) -> None:
         """Drop the pages of [start, end) of `whole` from this process's resident memory (the
         page cache keeps them; a later read faults them in again). The range is widened to
-        whole FAULT_AROUND blocks: a fault maps the cached pages of its block beside the one
-        it asked for, so a page-aligned drop would leave a block edge resident per range
-        (resident memory that grew with the file's size)."""
+        whole DROP_ALIGN blocks: a fault maps the cached pages of its block or folio beside
+        the one it asked for, so a page-aligned drop would leave an edge resident per range
+        (resident memory that grew with the bytes hashed). A page of the widened range that
+        another thread still reads is faulted in again from the cache."""
         if self._map is None or end <= start:
             return
-        lo = start - start % FAULT_AROUND
-        hi = min(end + (-end % FAULT_AROUND), self.size + (-self.size % mmap.PAGESIZE))
+        lo = start - start % DROP_ALIGN
+        hi = min(end + (-end % DROP_ALIGN), self.size + (-self.size % mmap.PAGESIZE))
         self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def fstat(self) -> FileStamp:
