@@ -15,7 +15,7 @@ from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.detect import Kind
 from exl3tool.formats.exl3 import codebook_of, group_linears
 from exl3tool.formats.names import ExpertPrefixes
-from exl3tool.formats.tail import config_tail, layer_range
+from exl3tool.formats.tail import RANK_SLICED_K, config_tail, layer_range
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules import exl3 as ex
@@ -25,7 +25,7 @@ from exl3tool.rules.registry import Findings
 # Runtime revisions `--runtime` can target. "public": the strictest public revisions (the R7 and
 # main exl3.py); "cartridge": the cartridge-era revision (uniform rank-sliced K 2..6).
 RUNTIMES = ("public", "cartridge")
-UNIFORM_K = {"public": range(3, 7), "cartridge": range(2, 7)}
+UNIFORM_K = RANK_SLICED_K
 REFUSED_BY = {
     "public": "the public R7 and main revisions (integral 3/4/5/6 only)",
     "cartridge": "every revision, the cartridge revision included (2..6)",

@@ -20,6 +20,10 @@ from exl3tool.io.strict_json import is_json_int
 KEY = "hybrid_tr3_tail"
 POINTER = "/hybrid_tr3_tail"
 RANK_SLICED_FORMAT = "exl3-trellis"  # docs/formats/r7.md §7.1 `format`
+# The integral K a uniform rank-sliced layer runs at, per runtime revision (docs/formats/r7.md
+# §7.1: Exl3MoEMethod._prepare_rank_sliced_weights): the public revisions 3..6, the cartridge
+# revision 2..6.
+RANK_SLICED_K = {"public": range(3, 7), "cartridge": range(2, 7)}
 
 
 def layer_range(value: Any) -> tuple[int, int] | None:

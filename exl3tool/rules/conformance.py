@@ -144,7 +144,7 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
         "Exl3MoEMethod._prepare_rank_sliced_weights", EXL3,
         "a uniform rank-sliced layer runs at K 3, 4, 5 or 6 only (the cartridge revision: "
         "2..6) and its slabs have the planned geometry",
-        ("RS020", "RS008"), "rank-sliced-k2",
+        ("RS020", "RS008", "TP013"), "rank-sliced-k2",
     ),
     RuntimeCheck(
         "Exl3MoEMethod._prepare_mixed_rank_sliced_weights", EXL3,
@@ -286,6 +286,7 @@ RULE_OUTCOME = MappingProxyType(
         "ID007": _S,  # ranks would serve different replicated weights
         "ID010": _R, "ID012": _R,  # staging verifies the base identity
         "TP001": _R, "TP011": _R, "TP012": _R,  # runtime refusals, predicted before slicing
+        "TP013": _R,  # the public revisions refuse what the slice wrote
     }
 )  # fmt: skip
 

@@ -111,3 +111,14 @@ TP_TIERS = rule(
     "bitrates (Exl3MoEMethod._prepare_mixed_rank_sliced_weights; RS021 once written).",
     "Slice with --layout per-rank (R7 layers keep their per-projection K there).",
 )
+TP_CARTRIDGE_K = rule(
+    "TP013",
+    "rank-sliced-cartridge-k",
+    W,
+    "Rank-sliced layout of a layer only the cartridge runtime revision serves",
+    "A uniform rank-sliced layer runs only at an integral K; the public runtime revisions "
+    "accept 3..6, so a layer at K 2 loads only on the cartridge revision, and a default "
+    "`validate` of the output says RS020 (docs/formats/r7.md §7.1).",
+    "Slice with --layout per-rank, or deploy on the cartridge revision and validate the output "
+    "with --runtime cartridge.",
+)

@@ -22,6 +22,7 @@ from exl3tool.formats.detect import Kind
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import model_config
 from exl3tool.formats.names import R7_SHARED_RE, parse_expert, split_field
+from exl3tool.formats.tail import RANK_SLICED_K
 from exl3tool.rules import tp as tp_rules
 from exl3tool.rules.registry import Findings, Rule
 from exl3tool.tp.linear import field_cut, field_size
@@ -366,11 +367,19 @@ def plan_slices(
         raise _refuse_input("the rank-sliced layout splits experts by tensor (--mode tensor) only")
     if not ckpt.tensors:
         raise _refuse_input("the artifact has no readable tensors")
+    layer_ks: dict[int, set[int]] = {}
     if layout == "rank-sliced":
         _check_uniform_expert_k(ckpt)
         _check_contiguous_layers(ckpt)
-        _check_two_tiers(ckpt)
-    return _Planner(ckpt, kind, tp, mode, layout).build()
+        layer_ks = _layer_ks(ckpt)
+        _check_two_tiers(layer_ks)
+    plan = _Planner(ckpt, kind, tp, mode, layout).build()
+    plan.cartridge_only = {
+        layer: k
+        for layer, (k, *more) in sorted(layer_ks.items())
+        if not more and k not in RANK_SLICED_K["public"]
+    }
+    return plan
 
 
 def _check_uniform_expert_k(ckpt: Checkpoint) -> None:
@@ -413,13 +422,18 @@ def _check_contiguous_layers(ckpt: Checkpoint) -> None:
     raise PlanRefused(f)
 
 
-def _check_two_tiers(ckpt: Checkpoint) -> None:
-    """The legacy profile's mixed path serves exactly two bitrates per layer (TP012)."""
+def _layer_ks(ckpt: Checkpoint) -> dict[int, set[int]]:
+    """The K of each layer's expert trellises (the rank-sliced tail's `bits` or tier_bitmap)."""
     ks: dict[int, set[int]] = {}
     for name, ref in ckpt.tensors.items():
         e = parse_expert(name) if name.endswith(".trellis") else None
         if e is not None and len(ref.info.shape) == 3:
             ks.setdefault(e.layer, set()).add(ref.info.shape[2] // 16)
+    return ks
+
+
+def _check_two_tiers(ks: dict[int, set[int]]) -> None:
+    """The legacy profile's mixed path serves exactly two bitrates per layer (TP012)."""
     bad = sorted(layer for layer, k in ks.items() if len(k) > 2)
     if bad:
         f = Findings()

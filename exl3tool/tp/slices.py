@@ -135,11 +135,22 @@ class SlicePlan:
     ranks: list[RankPlan]
     reported: list[Reported] = field(default_factory=list)
     source_order: list[str] = field(default_factory=list)  # source tensors in pass order
+    cartridge_only: dict[int, int] = field(default_factory=dict)  # rank-sliced layer -> its K
 
     def findings(self) -> Findings:
         out = Findings()
         for r in self.reported:
             out.add(tp_rules.TP_REPLICATED, r.reason, tensor=r.tensor)
+        if self.cartridge_only:
+            layer, k = next(iter(self.cartridge_only.items()))
+            more = len(self.cartridge_only) - 1
+            out.add(
+                tp_rules.TP_CARTRIDGE_K,
+                f"layer {layer} is uniform K={k}"
+                + (f" ({more} more layer{'s' if more > 1 else ''})" if more else "")
+                + ": the public runtime revisions serve K 3..6, only the cartridge revision loads it",
+                tensor=f"model.layers.{layer}.mlp.experts",
+            )
         return out
 
     def summary(self) -> dict:

@@ -32,3 +32,22 @@ def test_rank_sliced_output_passes_validate(
     if tp > 1:
         _, bad = validate_path(out, ValidateOptions(tp=tp // 2))
         assert bad.has_errors()
+
+
+@pytest.mark.parametrize("src", ["r7", "base"])
+def test_slice_warns_when_only_the_cartridge_revision_serves_the_output(
+    sources: dict[str, Path], tmp_path: Path, src: str
+) -> None:
+    """TP013 at slice time says what a default validate of the output then says as RS020 (a
+    uniform K2 layer); the R7 source (K 3..5) gets no such warning."""
+    out = tmp_path / "rs"
+    outcome = slice_artifact(sources[src], out, SliceOptions(2, layout="rank-sliced"))
+    warned = [f for f in outcome.findings if f.rule.code == "TP013"]
+    _, public = validate_path(out, ValidateOptions(tp=2))
+    refused = [f for f in public if f.rule.code == "RS020"]
+    assert bool(warned) == bool(refused) == (src == "base")
+    if warned:
+        assert warned[0].level.value == "warning" and "K=2" in warned[0].message
+    # per-rank slices of the same base are served by every revision: no warning
+    per_rank = slice_artifact(sources[src], None, SliceOptions(2))
+    assert not [f for f in per_rank.findings if f.rule.code == "TP013"]
