@@ -15,6 +15,7 @@ from exl3tool.formats.detect import Kind, detect
 from exl3tool.io.gcpause import paused_gc
 from exl3tool.report.model import ArtifactRef, Report
 from exl3tool.rules import checkpoint as ck
+from exl3tool.rules.errors import UsageError
 from exl3tool.rules.registry import Findings
 
 Grid = dict[tuple[int, int, str], int]  # K per (layer, expert, projection)
@@ -82,7 +83,7 @@ def describe(path: Path) -> InspectResult:
     kind = detect(path)
     result = InspectResult({"path": str(path), "kind": kind.value})
     if kind is Kind.CARTRIDGE:
-        return result  # `validate` checks a cartridge; inspect names it
+        return _describe_cartridge(path, result)
     if kind not in CHECKPOINT_KINDS:
         found = Findings()
         ckpt = load_checkpoint(path, found, need_config=False)  # the root cause, when there is one
@@ -115,18 +116,71 @@ def describe(path: Path) -> InspectResult:
     return result
 
 
+def _describe_cartridge(path: Path, result: InspectResult) -> InspectResult:
+    """What a cartridge declares and holds: its base pin, its chain of stages, its layers and
+    layout (`validate` checks it; its container errors are the findings here)."""
+    from exl3tool.formats.cartridge import load_cartridge
+
+    found = Findings()
+    cart = load_cartridge(path, found)
+    if found.has_errors() or cart.manifest is None:
+        result.findings = anchor(path, Findings(found.errors()))
+        if not result.findings:
+            result.findings.add(ck.CK_UNKNOWN_KIND, "no readable adapter_config.json", file=".")
+        return result
+    keys = cart.stage_keys()
+    base = cart.field("base")
+    base = base if isinstance(base, dict) else {}
+    stages = []
+    for c in cart.field("chain") or []:
+        if isinstance(c, dict):
+            experts = c.get("experts")
+            stages.append(
+                {
+                    "label": c.get("label"),
+                    "k": c.get("k"),
+                    "parent": c.get("parent"),
+                    "experts": len(experts) if isinstance(experts, list) else None,
+                }
+            )
+    result.info.update(
+        {
+            "schema": cart.field("schema"),
+            "shards": len(cart.shards),
+            "tensors": len(cart.keys),
+            "bytes": sum(ref.info.nbytes for ref in cart.keys.values()),
+            "file_bytes": cart.total_bytes(),
+            "layers": sorted({k.layer for k in keys if k.layer is not None}),
+            "experts": len({(k.layer, k.expert) for k in keys}),
+            "base": {
+                "label": base.get("label"),
+                "k": base.get("k"),
+                "compatibility_sha256": base.get("compatibility_sha256"),
+            },
+            "chain": stages,
+            "layout": cart.layout,
+            "world_size": cart.world_size,
+            "codebook": cart.field("codebook"),
+        }
+    )
+    return result
+
+
 def run(opts: Options) -> InspectResult:
     """Describe the artifact; with `plot`, also draw the K heatmap (refusing an existing file
     without `force`, and a missing matplotlib with the extra to install)."""
     from exl3tool.report.render import check_output
 
+    path = resolve_input(opts.path)
     if opts.plot is not None:
+        if detect(path) is Kind.CARTRIDGE:
+            raise UsageError("--plot draws a checkpoint's K per expert; a cartridge has none")
         check_output(opts.plot, opts.force, (opts.path,))
         from exl3tool.actions.inspect_plot import require_matplotlib
 
         require_matplotlib()
     with paused_gc():  # per-tensor tables, no cycle among them
-        result = describe(resolve_input(opts.path))
+        result = describe(path)
     if opts.plot is not None and not result.findings:
         from exl3tool.actions.inspect_plot import plot_k
 

@@ -1,4 +1,5 @@
-"""`exl3tool inspect PATH`: what a checkpoint holds (kind, layers, experts, K, tiers, sizes)."""
+"""`exl3tool inspect PATH`: what a checkpoint holds (kind, layers, experts, K, tiers, sizes), or
+what a cartridge declares (its base pin, its chain of stages, layers, layout)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def inspect(
     """Summarise an artifact: layers, experts, K histograms, bits per weight, tiers.
 
     Kind, layers, experts, K histogram per projection, routed-expert bits per weight, tier
-    per layer and sizes; --plot draws a layers x experts heatmap of K. Exit 1 when the
-    artifact cannot be described (its findings say why), 3 when PATH cannot be read."""
+    per layer and sizes; --plot draws a layers x experts heatmap of K. Of a cartridge: its
+    base pin, its chain of stages, layers, layout and sizes. Exit 1 when the artifact cannot
+    be described (its findings say why), 3 when PATH cannot be read."""
     from exl3tool.actions import inspect as action
     from exl3tool.report.render import emit
 

@@ -4,8 +4,45 @@ from __future__ import annotations
 
 from typing import Any
 
+SHOWN_MAX = 200  # characters of one value a table shows (a manifest's strings are its author's)
+
+
+def _shown(value: Any) -> str:
+    """A value as one printable cell: control characters escaped, long text cut."""
+    text = str(value)
+    if not text.isprintable():
+        text = text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= SHOWN_MAX else text[: SHOWN_MAX - 1] + "…"
+
+
+def _cartridge_facts(info: dict[str, Any]) -> list[tuple[str, str]]:
+    layers = info.get("layers") or []
+    base = info.get("base") or {}
+    pin = base.get("compatibility_sha256")
+    rows = [
+        ("kind", f"{info['kind']} ({info.get('schema')})"),
+        ("shards / tensors", f"{info['shards']} / {info['tensors']}"),
+        ("payload bytes", f"{info['bytes']:,}"),
+        ("file bytes", f"{info['file_bytes']:,}"),
+        ("layers", ", ".join(map(str, layers)) if layers else "none"),
+        ("experts with stages", str(info.get("experts", 0))),
+        ("base", f"{base.get('label')}, K {base.get('k')}, identity {str(pin)[:16]}…"),
+        ("layout", f"{info.get('layout')}, world size {info.get('world_size')}"),
+        ("codebook", str(info.get("codebook"))),
+    ]
+    for st in info.get("chain") or []:
+        rows.append(
+            (
+                f"stage {st.get('label')}",
+                f"K {st.get('k')} on {st.get('parent')}, {st.get('experts')} experts",
+            )
+        )
+    return rows
+
 
 def _facts(info: dict[str, Any]) -> list[tuple[str, str]]:
+    if "chain" in info:
+        return _cartridge_facts(info)
     rows = [("kind", info["kind"])]
     if "tensors" in info:
         layers = info.get("layers") or []
@@ -33,7 +70,7 @@ def print_inspect(info: dict[str, Any]) -> None:
     table.add_column("field", no_wrap=True)
     table.add_column("value", overflow="fold")
     for k, v in _facts(info):
-        table.add_row(k, escape(str(v)))
+        table.add_row(escape(_shown(k)), escape(_shown(v)))
     console.print(table)
     hist = info.get("k_histogram") or {}
     ks = sorted({k for h in hist.values() for k in h}, key=int)

@@ -71,3 +71,52 @@ def test_missing_path_exit_3(tmp_path: Path) -> None:
 
 def test_bad_format_exit_2(r7: Path) -> None:
     assert runner.invoke(app, ["inspect", "--format", "sarif", str(r7)]).exit_code == 2
+
+
+CART = Path(__file__).resolve().parents[2] / "examples" / "cartridge-k3k4"
+
+
+def test_a_cartridge_is_described(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["inspect", "--format", "json", str(CART)])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    manifest = json.loads((CART / "adapter_config.json").read_text())
+    assert info["kind"] == "cartridge" and info["schema"] == "fq-cartridge-adapter/3"
+    assert info["shards"] == len(manifest["shards"]) and info["layers"] == [3, 4]
+    assert info["base"]["k"] == manifest["base"]["k"]
+    assert info["base"]["compatibility_sha256"] == manifest["base"]["compatibility_sha256"]
+    assert [(s["label"], s["parent"], s["experts"]) for s in info["chain"]] == [
+        (c["label"], c["parent"], len(c["experts"])) for c in manifest["chain"]
+    ]
+    assert info["bytes"] > 0 and info["file_bytes"] > info["bytes"]
+    text = runner.invoke(app, ["inspect", str(CART)])
+    assert text.exit_code == 0 and "stage k3" in text.stdout and "world size 1" in text.stdout
+
+
+def test_a_cartridge_s_strings_reach_the_terminal_escaped(tmp_path: Path) -> None:
+    import shutil
+
+    cart = tmp_path / "c"
+    shutil.copytree(CART, cart)
+    manifest = json.loads((cart / "adapter_config.json").read_text())
+    manifest["chain"][0]["label"] = "k3\x1b[31mRED\x07" + "x" * 500
+    (cart / "adapter_config.json").write_text(json.dumps(manifest))
+    res = runner.invoke(app, ["inspect", str(cart)])
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout
+    assert "\\x1b[31mRED\\x07" in res.stdout.replace("\n", "").replace("│", "")
+    assert "x" * 300 not in res.stdout.replace("\n", "")  # a long value is cut
+
+
+def test_a_broken_cartridge_gets_findings_and_no_plot(tmp_path: Path) -> None:
+    import shutil
+
+    cart = tmp_path / "c"
+    shutil.copytree(CART, cart)
+    res = runner.invoke(app, ["inspect", str(cart), "--plot", str(tmp_path / "k.png")])
+    assert res.exit_code == 2 and not (tmp_path / "k.png").exists()
+    assert "a cartridge has none" in res.output
+    (cart / "adapter_config.json").write_text('{"schema": ')
+    res = runner.invoke(app, ["inspect", "--format", "json", str(cart)])
+    assert res.exit_code == 1, res.output
+    assert json.loads(res.stdout)["summary"]["errors"] >= 1
