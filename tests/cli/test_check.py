@@ -96,3 +96,18 @@ def test_hf_id_not_cached_is_a_finding(tmp_path: Path, hf_cache: Path) -> None:
     assert r.exit_code == 1
     (f,) = json.loads(r.stdout)["findings"]
     assert f["code"] == "GT003" and "org/absent" in f["message"]
+
+
+def test_a_typo_beside_a_local_folder_is_a_missing_path(tmp_path: Path, hf_cache: Path) -> None:
+    """`models/x` next to a local models/ is a misspelt path (GT002), not an uncached Hub id;
+    a cached `org/r7` still resolves from the cache when a local org/ exists."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "org").mkdir()
+    env = {"HF_HUB_CACHE": str(hf_cache)}
+    r = run("models/x", "--format", "json", cwd=tmp_path, env=env)
+    assert r.exit_code == 1
+    (f,) = json.loads(r.stdout)["findings"]
+    assert f["code"] == "GT002" and "models/x: no such file or directory" in f["message"]
+    r = run("org/r7@main", "--format", "json", cwd=tmp_path, env=env)
+    assert r.exit_code == 0, r.stdout
+    assert json.loads(r.stdout)["artifacts"][0]["kind"] == "r7"

@@ -43,7 +43,18 @@ def resolve_arg(arg: str, root: Path, findings: Findings) -> Path | None:
             findings.add(GT_ARTIFACT_MISSING, f"{arg}: no such file or directory", file=arg)
             return None
         return artifact_dir(local) if local.name != "adapter_config.json" else local.parent
-    return hf.resolve(ref, findings)
+    looked_up = Findings()
+    found = hf.resolve(ref, looked_up)
+    if found is None and local.parent != Path(".") and local.parent.is_dir():
+        # `models/x` beside a local models/: a path with a typo, not an uncached Hub id
+        findings.add(
+            GT_ARTIFACT_MISSING,
+            f"{arg}: no such file or directory (nor a cached Hugging Face snapshot)",
+            file=arg,
+        )
+        return None
+    findings.extend(looked_up)
+    return found
 
 
 def _display(path: Path, root: Path) -> Path:
