@@ -246,6 +246,45 @@ def check_linear_claims(ckpt: Checkpoint, findings: Findings) -> None:
         )
 
 
+# vLLM model classes' packed_modules_mapping: a fused module and the checkpoint linears it is
+# loaded from (Llama, Qwen, Mistral, Gemma...; DeepSeek V2/V3 with a q LoRA rank)
+PACKED_MODULES = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+    "fused_qkv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa"),
+}
+_PACKED_SOURCE = {src: fused for fused, srcs in PACKED_MODULES.items() for src in srcs}
+
+
+def check_packed_modules(ckpt: Checkpoint, findings: Findings) -> None:
+    """Exl3Config._linear_prefix_is_exl3: every source of a fused module is EXL3 (an exl3
+    record the runtime finds) or none is. A source that is absent is not counted (Gemma's
+    K=V attention stores no v_proj)."""
+    ts, where, ptr = runtime_storage(ckpt)
+    dense = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
+    quantized = {p for p, g in group_linears(dense).items() if "trellis" in g.parts}
+    plain = {n[: -len(".weight")] for n in dense if n.endswith(".weight")} - quantized
+    sources: dict[tuple[str, str], dict[str, bool]] = {}  # (base, fused) -> source -> is exl3
+    for prefix in quantized | plain:
+        base, _, leaf = prefix.rpartition(".")
+        fused = _PACKED_SOURCE.get(leaf)
+        if fused is not None and base:
+            exl3 = prefix in quantized and claims_linear(ts, prefix)
+            sources.setdefault((base, fused), {})[leaf] = exl3
+    for (base, fused), kinds in sorted(sources.items()):
+        if any(kinds.values()) and not all(kinds.values()):
+            unquantized = sorted(k for k, v in kinds.items() if not v)
+            exl3 = sorted(k for k, v in kinds.items() if v)
+            findings.add(
+                ex.EX_PACKED_MIXED,
+                f"{base}.{fused} is loaded from {', '.join(exl3)} (EXL3) and "
+                f"{', '.join(unquantized)} (unquantized): the runtime refuses the fused module",
+                file=where,
+                tensor=f"{base}.{unquantized[0]}",
+                pointer=ptr,
+            )
+
+
 _MODULE_FIELDS = (".weight", ".trellis", ".suh", ".svh", ".su", ".sv")
 
 
@@ -357,6 +396,8 @@ def check_conformance(
         check_storage_claim(ckpt, kind, findings)
     if kind in (Kind.R7, Kind.RANK_SLICED) and usable:
         check_linear_claims(ckpt, findings)  # a plain EXL3 checkpoint: EX022 in its family
+    if usable:
+        check_packed_modules(ckpt, findings)
     if kind is Kind.R7 and usable:
         check_r7_storage_records(ckpt, findings)
     if kind is not Kind.MSRT_BASE:  # the base profile's component rule (MB007) covers it

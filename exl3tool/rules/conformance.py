@@ -162,6 +162,12 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
         ("CK030", "EX016"), "unknown-expert-field",
     ),
     RuntimeCheck(
+        "Exl3Config._linear_prefix_is_exl3", EXL3,
+        "a fused module (qkv_proj, gate_up_proj, fused_qkv_a_proj) is EXL3 in every source "
+        "linear or in none",
+        ("EX034",), "packed-mixed",
+    ),
+    RuntimeCheck(
         "VocabParallelEmbedding (UnquantizedEmbeddingMethod)", LOADER,
         "every token embedding is built unquantized with a weight (the EXL3 config claims no "
         "embedding): quantized table rows and signs have nothing to load into",

@@ -100,6 +100,7 @@ EXAMPLES = MappingProxyType(
         "EX031": "model.layers.0.self_attn.k_proj.trellis I16 [16, 16, 40] (K = 2.5, mul1)",
         "EX032": 'the v_proj record lists "….o_proj.mcg": v_proj (no marker) is expected to be mcg',
         "EX033": "model.embed_tokens.trellis I16 [151936, 257] and model.embed_tokens.signs, no weight",
+        "EX034": "layer 0's q_proj and k_proj EXL3, its v_proj a BF16 weight (qkv_proj is fused)",
         "EX099": "a linear on which an EXL3 check raises (the finding names the exception)",
         # --- DC: trellis decode -----------------------------------------------------------
         "DC001": "exl3tool decode --tensor model.layers.0.mlp.down_proj (no .suh stored)",

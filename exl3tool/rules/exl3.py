@@ -254,3 +254,14 @@ EX_QUANTIZED_TABLE = rule(
     "EXL3 config claims none) and has nothing to load these tensors into.",
     "For the vLLM fork, convert without -eb (exllamav3 itself loads it).",
 )
+EX_PACKED_MIXED = rule(
+    "EX034",
+    "packed-module-mixed",
+    E,
+    "A fused module mixes EXL3 and unquantized sources",
+    "vLLM builds q/k/v_proj as one qkv_proj, gate/up_proj as one gate_up_proj (DeepSeek's "
+    "q_a_proj and kv_a_proj_with_mqa as fused_qkv_a_proj) with a single quantization method: "
+    "Exl3Config._linear_prefix_is_exl3 refuses a fused module whose sources are partly EXL3 "
+    "(older revisions load all of it unquantized, and the trellis tensors have nowhere to go).",
+    "Quantize every source of the fused module the same way (all EXL3 or all unquantized).",
+)

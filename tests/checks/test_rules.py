@@ -393,6 +393,7 @@ CASES = [
     Case("EX030", "exl3", storage(lambda s: [r.update(quant_format="fp16") for r in s.values()])),
     Case("EX031", "exl3", put(f"{K}.trellis", "I16", trellis(16, 16, 40))),
     Case("EX033", "exl3", lambda r: _quantized_embedding(r)),
+    Case("EX034", "exl3", lambda r: _unquantized_v_proj(r)),
     Case(
         "EX032",
         "exl3",
@@ -438,6 +439,19 @@ def _quantized_embedding(root: Path) -> None:
     shard = shard_of(root, f"{K}.trellis")
     put("model.embed_tokens.trellis", "I16", np.zeros((64, 65), "<i2"), shard)(root)
     put("model.embed_tokens.signs", "F16", f16(256).reshape(1, 256), shard)(root)
+
+
+def _unquantized_v_proj(root: Path) -> None:
+    """Layer 0's v_proj stored unquantized (a weight, no exl3 record) beside EXL3 q/k_proj."""
+    v = "model.layers.0.self_attn.v_proj"
+
+    def swap(t: dict) -> None:
+        for part in ("trellis", "suh", "svh", "mcg", "mul1"):
+            t.pop(f"{v}.{part}", None)
+        t[f"{v}.weight"] = ("F16", np.zeros((256, 256), "<f2"))
+
+    edit_shard(root, shard_of(root, f"{v}.trellis"), swap)
+    storage(lambda s: s.pop(v))(root)
 
 
 def _legacy_expert_signs(root: Path) -> None:

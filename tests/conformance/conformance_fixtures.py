@@ -222,6 +222,23 @@ def _quantized_embedding(tmp: Path, built: Built) -> set[str]:
     return codes(root)
 
 
+@fixture("packed-mixed")
+def _packed_mixed(tmp: Path, built: Built) -> set[str]:
+    """Layer 0's v_proj unquantized (a weight, no exl3 record) beside EXL3 q_proj and k_proj."""
+    root = copy(built["exl3"], tmp)
+    v = "model.layers.0.self_attn.v_proj"
+    shard, _ = _first(root, f"{v}.trellis")
+
+    def swap(t: dict) -> None:
+        for part in ("trellis", "suh", "svh", "mcg", "mul1"):
+            t.pop(f"{v}.{part}", None)
+        t[f"{v}.weight"] = ("F16", np.zeros((256, 256), np.float16))
+
+    edit_shard(root, shard, swap)
+    edit_json(root / "quantization_config.json", lambda q: q["tensor_storage"].pop(v))
+    return codes(root)
+
+
 @fixture("truncated-shard")
 def _truncated(tmp: Path, built: Built) -> set[str]:
     root = copy("r7-tiny", tmp)
