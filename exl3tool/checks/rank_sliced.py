@@ -89,6 +89,8 @@ def check_tail(
         return
     layers, epl, tp, rotation = _tail_fields(tail, ctx, findings)
     k_allowed, tier = _mixed_bits(ckpt, tail, tail.mixed, ctx, findings)
+    if tier is not None and layers is not None and epl is not None:
+        check_tier_bitmap(tier, layers, epl, k_allowed, findings)
     inter, hidden = ctx.inter, ctx.hidden
     if tp is not None and inter is not None and (inter % tp or (inter // tp) % 128):
         findings.add(
@@ -193,6 +195,57 @@ def _mixed_bits(
         )
         return set(kv or ()), None
     return set(kv or ()), tb
+
+
+MAX_TAIL_LAYERS = 4096  # a moe_layers range wider than this is not enumerated (no model has it)
+TIER_NAMED = 8  # layers named one by one; the rest are counted
+
+
+def check_tier_bitmap(
+    tier: dict[str, Any],
+    layers: tuple[int, int],
+    experts: int,
+    k_allowed: set[int] | None,
+    findings: Findings,
+) -> None:
+    """Exl3Config._load_rank_sliced_bitrates (RS011): every layer of moe_layers has an entry
+    whose `k` lists one declared K per expert (or, the MTP overlay's form, a `tail_tr3` list of
+    one per expert instead, read as K 3); the runtime refuses to start otherwise."""
+    first, last = layers
+    if last - first + 1 > MAX_TAIL_LAYERS:
+        return
+    problems: list[tuple[int, str]] = []
+    for layer in range(first, last + 1):
+        entry = tier.get(str(layer))
+        if not isinstance(entry, dict):
+            problems.append((layer, f"tier_bitmap.json has no entry for MoE layer {layer}"))
+            continue
+        ks = entry.get("k")
+        overlay = entry.get("tail_tr3")
+        if ks is None and isinstance(overlay, list | dict | str) and len(overlay) == experts:
+            continue
+        if not isinstance(ks, list) or len(ks) != experts:
+            n = f"{len(ks)} entries" if isinstance(ks, list) else repr(ks)[:40]
+            problems.append((layer, f"layer {layer}: k is {n}, experts_per_layer is {experts}"))
+            continue
+        bad = sorted({repr(k)[:20] for k in ks if not is_json_int(k)})
+        odd = sorted({k for k in ks if is_json_int(k)} - k_allowed) if k_allowed else []
+        if bad:
+            problems.append((layer, f"layer {layer}: K {', '.join(bad[:4])} is not an integer"))
+        elif odd:
+            problems.append(
+                (layer, f"layer {layer} uses K {odd}, k_values declares {sorted(k_allowed or ())}")
+            )
+    for layer, message in problems[:TIER_NAMED]:
+        findings.add(r7.RS_TIER_BITMAP, message, file="tier_bitmap.json", pointer=f"/{layer}")
+    if len(problems) > TIER_NAMED:
+        layer = problems[TIER_NAMED][0]
+        findings.add(
+            r7.RS_TIER_BITMAP,
+            f"{len(problems) - TIER_NAMED} more layers with the same kind of problem",
+            file="tier_bitmap.json",
+            pointer=f"/{layer}",
+        )
 
 
 def _tier_k(tier: dict[str, Any] | None, layer: int, expert: int) -> int | None:

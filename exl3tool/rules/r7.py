@@ -456,8 +456,10 @@ RS_TIER_BITMAP = rule(
     "tier-bitmap",
     E,
     "Mixed bits without a usable tier_bitmap.json / k_values",
-    'bits "mixed" needs k_values (3..6) and bits_per_expert "tier_bitmap.json:k" with a K per expert (§7.1).',
-    "Ship tier_bitmap.json and declare k_values.",
+    'bits "mixed" needs k_values (3..6) and bits_per_expert "tier_bitmap.json:k": an entry for '
+    "every layer of moe_layers whose k lists one integer K from k_values per expert "
+    "(Exl3Config._load_rank_sliced_bitrates refuses to start otherwise; §7.1).",
+    "Ship tier_bitmap.json with a K per expert for every MoE layer, and declare k_values.",
 )
 RS_REPLICA = rule(
     "RS012",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +52,34 @@ def test_slice_warns_when_only_the_cartridge_revision_serves_the_output(
     # per-rank slices of the same base are served by every revision: no warning
     per_rank = slice_artifact(sources[src], None, SliceOptions(2))
     assert not [f for f in per_rank.findings if f.rule.code == "TP013"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda tb: tb.pop("2"), "no entry for MoE layer 2"),
+        (lambda tb: tb["2"]["k"].append(3), "experts_per_layer"),
+        (lambda tb: tb["2"]["k"].__setitem__(0, "3"), "not an integer"),
+        (lambda tb: tb["2"]["k"].__setitem__(0, 6), "k_values declares"),
+        (lambda tb: tb["2"].update(k=None, tail_tr3=[3] * len(tb["2"]["k"])), None),
+    ],
+    ids=["missing-layer", "extra-entry", "string-k", "undeclared-k", "mtp-overlay-form"],
+)
+def test_the_tier_bitmap_is_read_as_the_runtime_reads_it(
+    sources: dict[str, Path], tmp_path: Path, edit: Any, says: str | None
+) -> None:
+    """Exl3Config._load_rank_sliced_bitrates refuses to start unless every MoE layer has a K
+    per expert from k_values (RS011); its MTP overlay form (tail_tr3 per expert) is accepted."""
+    out = tmp_path / "rs"
+    slice_artifact(sources["r7"], out, SliceOptions(2, layout="rank-sliced"))
+    tb_path = out / "tier_bitmap.json"
+    tb = json.loads(tb_path.read_text())
+    assert "2" in tb
+    edit(tb)
+    tb_path.write_text(json.dumps(tb))
+    _, findings = validate_path(out, ValidateOptions(tp=2))
+    hits = [f for f in findings if f.rule.code == "RS011"]
+    if says is None:
+        assert hits == []
+    else:
+        assert hits and says in hits[0].message and hits[0].location.pointer == "/2"
