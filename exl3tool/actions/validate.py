@@ -119,7 +119,7 @@ class Options:
     hash: bool = False
     base: str | None = None
     threads: int | None = None
-    runtime: str = "public"  # checks/conformance.RUNTIMES
+    runtime: str = "auto"  # checks/conformance.RUNTIMES
     quiet: bool = False
     selection: Any = None  # a rules.selection.RuleSelection, applied to every finding
 

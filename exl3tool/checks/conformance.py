@@ -17,6 +17,7 @@ from exl3tool.formats.exl3 import codebook_of, group_linears
 from exl3tool.formats.names import ExpertPrefixes
 from exl3tool.formats.tail import RANK_SLICED_K, config_tail, layer_range
 from exl3tool.io.strict_json import is_json_int, pointer_join
+from exl3tool.rules import base as mb
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules import exl3 as ex
 from exl3tool.rules import r7 as r7
@@ -24,7 +25,8 @@ from exl3tool.rules.registry import Findings
 
 # Runtime revisions `--runtime` can target. "public": the strictest public revisions (the R7 and
 # main exl3.py); "cartridge": the cartridge-era revision (uniform rank-sliced K 2..6).
-RUNTIMES = ("public", "cartridge")
+# auto: the cartridge revision for an MSRT base (the only one that serves it), else public
+RUNTIMES = ("auto", "public", "cartridge")
 UNIFORM_K = RANK_SLICED_K
 REFUSED_BY = {
     "public": "the public R7 and main revisions (integral 3/4/5/6 only)",
@@ -140,7 +142,8 @@ def check_tail_bitrates(
     _prepare_mixed_rank_sliced_weights: the bitrates a rank-sliced layer can run at."""
     ptr = "/hybrid_tr3_tail"
     bits = tail.get("bits")
-    allowed = UNIFORM_K.get(runtime, UNIFORM_K["public"])
+    runtime = runtime if runtime in REFUSED_BY else "public"
+    allowed = UNIFORM_K[runtime]
     if bits != "mixed" and type(bits) in (int, float) and bits > 0:
         if bits != int(bits):
             msg = f"bits {bits!r} is not integral: refused by {REFUSED_BY['cartridge']}"
@@ -402,6 +405,14 @@ def check_conformance(
         check_r7_storage_records(ckpt, findings)
     if kind is not Kind.MSRT_BASE:  # the base profile's component rule (MB007) covers it
         check_expert_namespace(ckpt, findings)
+    elif options.runtime == "public":
+        findings.add(
+            mb.MB_PUBLIC_RUNTIME,
+            "an MSRT base runs on the cartridge revision only: the public revisions refuse its "
+            "tail (no tp) and its K",
+            file="config.json",
+            pointer="/hybrid_tr3_tail",
+        )
     tail = rank_sliced_tail(ckpt.config)
     if tail is not None and kind in (Kind.RANK_SLICED, Kind.R7):
         check_tail_bitrates(ckpt, tail, options.runtime, findings)

@@ -12,4 +12,4 @@ class ValidateOptions:
     hash: bool = False  # recompute every digest a manifest declares (sha256 over payloads)
     base: Path | None = None  # the base checkpoint a cartridge is checked against
     threads: int | None = None  # hashing threads (None = os.cpu_count())
-    runtime: str = "public"  # serving runtime revision to predict (checks/conformance.RUNTIMES)
+    runtime: str = "auto"  # serving runtime revision to predict (checks/conformance.RUNTIMES)

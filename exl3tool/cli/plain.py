@@ -180,7 +180,7 @@ def validate_body(
     strict: bool = False,
     base: str | None = None,
     threads: int | None = None,
-    runtime: str = "public",
+    runtime: str = "auto",
     fmt: str = "text",
     output: Path | None = None,
     force: bool = False,
@@ -211,7 +211,7 @@ _VALIDATE_VALUES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--tp": ("tp", _threads_value),
     "--base": ("base", str),
     "--threads": ("threads", _threads_value),
-    "--runtime": ("runtime", _choice("public", "cartridge")),
+    "--runtime": ("runtime", _choice("auto", "public", "cartridge")),
     **_REPORT_VALUES,
 }
 _VALIDATE_FLAGS: dict[str, tuple[str, bool]] = {

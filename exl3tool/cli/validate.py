@@ -49,13 +49,14 @@ def validate(
         int | None, typer.Option("--threads", help="Hashing workers (default: all cores).")
     ] = None,
     runtime: Annotated[
-        Literal["public", "cartridge"],
+        Literal["auto", "public", "cartridge"],
         typer.Option(
             "--runtime",
-            help="Serving-runtime revision to predict: public (the strictest public one) or "
-            "cartridge (uniform rank-sliced K 2..6); docs/runtime-conformance.md.",
+            help="Serving-runtime revision to predict: public (the strictest public one), "
+            "cartridge (uniform rank-sliced K 2..6), or auto (cartridge for an MSRT base, "
+            "else public); docs/runtime-conformance.md.",
         ),
-    ] = "public",
+    ] = "auto",
     fmt: FormatOpt = "text",
     output: OutputOpt = None,
     force: ForceOpt = False,

@@ -148,6 +148,17 @@ MB_MANIFEST_ABSENT = rule(
     "The producer pins a base through the sha256 of its MANIFEST.sha256 (P7); without one the files are not sealed.",
     "Write MANIFEST.sha256 in sha256sum format over every file.",
 )
+MB_PUBLIC_RUNTIME = rule(
+    "MB020",
+    "public-runtime",
+    E,
+    "An MSRT base checked against the public runtime revision, which cannot serve one",
+    "Only the cartridge revision serves an exl3-msrt-base/1 base: the public revisions read its "
+    "hybrid_tr3_tail as a legacy rank-sliced tail and refuse to start without its `tp` "
+    "(Exl3Config._configure_rank_sliced), and run no K 2 expert.",
+    "Deploy the base on the cartridge revision (validate's default for a base, or "
+    "--runtime cartridge).",
+)
 MB_ROUTER = rule(
     "MB019",
     "router-shape",

@@ -162,6 +162,12 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
         ("CK030", "EX016"), "unknown-expert-field",
     ),
     RuntimeCheck(
+        "Exl3Config._configure_rank_sliced (public revisions)", EXL3,
+        "a rank-sliced tail names its tp; an MSRT base's tail has none, so only the cartridge "
+        "revision serves a base",
+        ("MB020",), "msrt-base-public",
+    ),
+    RuntimeCheck(
         "Exl3Config._linear_prefix_is_exl3", EXL3,
         "a fused module (qkv_proj, gate_up_proj, fused_qkv_a_proj) is EXL3 in every source "
         "linear or in none",
@@ -329,8 +335,10 @@ def render_markdown() -> str:
         "the runtime refuses) and checks that exl3tool reports a predicting rule for it.",
         "",
         "The serving runtime is the vLLM fork's EXL3 loader (`exl3.py`) and its MSRT cartridge "
-        "staging (`exl3_lora_cartridge.py`); `validate --runtime public|cartridge` picks the "
-        "revision to predict (public: the strictest public one). `exl3tool plan` predicts what "
+        "staging (`exl3_lora_cartridge.py`); `validate --runtime auto|public|cartridge` picks "
+        "the revision to predict (public: the strictest public one; auto, the default: the "
+        "cartridge revision for an MSRT base, the only one that serves it, else public). "
+        "`exl3tool plan` predicts what "
         "the runtime allocates per rank and how it claims each module.",
         "",
         "## Checks the runtime makes before serving",

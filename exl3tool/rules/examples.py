@@ -190,6 +190,7 @@ EXAMPLES = MappingProxyType(
         "MB017": "experts.0.up_proj.rank0.trellis [128, 48, 32] with moe_intermediate_size 1024",
         "MB018": "an exl3-msrt-base/1 base directory without MANIFEST.sha256",
         "MB019": "model.layers.3.mlp.gate.weight: I16 [128, 2048]",
+        "MB020": "validate --runtime public of an exl3-msrt-base/1 base",
         "MB099": "a base on which an MSRT base check raises (the finding names the exception)",
         # --- CA: MSRT cartridges ----------------------------------------------------------
         "CA001": "exl3tool validate ~/carts/current, where current -> cart-v2",

@@ -159,7 +159,18 @@ def test_layer_digest_needs_hash(base, tmp_path):
     assert "MB011" not in run(d, hash_=False).codes()
 
 
+def test_the_public_runtime_revision_cannot_serve_a_base(base):
+    """MB020 only when the public revision is asked for: auto (the default) means the cartridge
+    revision for a base, the only one that serves it."""
+    from exl3tool.actions.validate import validate_path
+
+    for runtime, expected in (("public", {"MB020"}), ("auto", set()), ("cartridge", set())):
+        _, found = validate_path(base, ValidateOptions(runtime=runtime))
+        assert {f.code for f in found if f.level.value == "error"} == expected, runtime
+
+
 def test_every_mb_rule_has_a_trigger():
-    # check-crashed (MB099) is triggered by tests/checks/test_boundary.py
+    # check-crashed (MB099) is triggered by tests/checks/test_boundary.py, MB020 by the runtime
+    # option (test_the_public_runtime_revision_cannot_serve_a_base)
     codes = {r.code for r in all_rules() if r.family == "MB" and r.name != "check-crashed"}
-    assert codes == {c[1] for c in CASES}
+    assert codes == {c[1] for c in CASES} | {"MB020"}

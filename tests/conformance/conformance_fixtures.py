@@ -186,6 +186,13 @@ def _k2(tmp: Path, built: Built) -> set[str]:
     return codes(built["rank-sliced-k2"])
 
 
+@fixture("msrt-base-public")
+def _base_public(tmp: Path, built: Built) -> set[str]:
+    """A well-formed MSRT base, checked against the public revision rather than auto."""
+    assert "MB020" not in codes(EXAMPLES / "msrt-base-tiny")  # auto: the cartridge revision
+    return codes(EXAMPLES / "msrt-base-tiny", runtime="public")
+
+
 @fixture("three-tiers")
 def _three_tiers(tmp: Path, built: Built) -> set[str]:
     root = copy(built["rank-sliced-k3"], tmp)
