@@ -7,6 +7,7 @@ refused by the runtime: its config step, its expert-name mapping and its kernel 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from exl3tool.checks.exl3 import check_storage_records
@@ -168,6 +169,45 @@ def check_tail_bitrates(
                 f"layer {layer} is uniform K={k}: refused by {REFUSED_BY[runtime]}",
                 **where,
             )
+
+
+_LAYER_INDEX = re.compile(r"layers\.(\d+)\b")  # the runtime's own pattern for a module's layer
+
+
+def check_tail_codebooks(ckpt: Checkpoint, tail: dict[str, Any], findings: Findings) -> None:
+    """Exl3Config.codebook_for_prefix with a rank-sliced tail: every module of a layer in its
+    moe_layers is expected to be mcg, so a dense EXL3 linear the runtime claims there without
+    the mcg marker is refused when its weights are processed (RS022)."""
+    layers = layer_range(tail.get("moe_layers"))
+    if layers is None:
+        return
+    first, last = layers
+    ts, _, _ = runtime_storage(ckpt)
+    dense = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
+    bad = []
+    for prefix, group in sorted(group_linears(dense).items()):
+        m = _LAYER_INDEX.search(prefix)
+        if m is None or not first <= int(m.group(1)) <= last or "trellis" not in group.parts:
+            continue
+        codebook = codebook_of(group.parts)
+        if codebook != "mcg" and claims_linear(ts, prefix):
+            bad.append((group.parts["trellis"], codebook, m.group(1)))
+    for ref, codebook, layer in bad[:MAX_NAMED]:
+        findings.add(
+            r7.RS_TAIL_CODEBOOK,
+            f"a {codebook} linear in layer {layer}, inside the tail's moe_layers "
+            f"[{first}, {last}], where the runtime expects mcg",
+            file=ref.file,
+            tensor=ref.name,
+        )
+    if len(bad) > MAX_NAMED:
+        ref = bad[MAX_NAMED][0]
+        findings.add(
+            r7.RS_TAIL_CODEBOOK,
+            f"{len(bad) - MAX_NAMED} more dense linears without mcg in the tail's layers",
+            file=ref.file,
+            tensor=ref.name,
+        )
 
 
 def _storage_keys(prefix: str) -> list[str]:
@@ -418,6 +458,8 @@ def check_conformance(
         check_tail_bitrates(ckpt, tail, options.runtime, findings)
     if tail is not None and kind is Kind.R7:
         check_r7_mixed_tail(ckpt, tail, findings)
+    if tail is not None and kind in (Kind.RANK_SLICED, Kind.R7) and usable:
+        check_tail_codebooks(ckpt, tail, findings)
 
 
 __all__ = [

@@ -104,8 +104,9 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     RuntimeCheck(
         "Exl3LinearMethod.process_weights_after_loading", EXL3,
         "every claimed linear has trellis, suh and svh and exactly the codebook marker its own "
-        "tensor_storage record promises",
-        ("EX004", "EX005", "EX006", "EX012", "EX021", "EX032"), "linear-missing-suh",
+        "tensor_storage record promises (with a rank-sliced tail, mcg for every module of a "
+        "layer in its moe_layers: Exl3Config.codebook_for_prefix)",
+        ("EX004", "EX005", "EX006", "EX012", "EX021", "EX032", "RS022"), "linear-missing-suh",
     ),
     RuntimeCheck(
         "Exl3LinearMethod._validate_loaded_tensors", EXL3,

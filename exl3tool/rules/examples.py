@@ -169,6 +169,7 @@ EXAMPLES = MappingProxyType(
         "RS012": "rank1 copy of …experts.0.up_proj.suh differs from rank0's (validate --hash)",
         "RS020": '"bits": 2 in a uniform rank-sliced layer (validate --runtime public)',
         "RS021": 'tier_bitmap.json {"3": {"k": [3, 4, 5, 3]}} (three bitrates in one layer)',
+        "RS022": "a 3INST model.layers.78.self_attn.o_proj with a tail whose moe_layers are [78, 78]",
         "RS099": "a rank-sliced layer on which a check raises (the finding names the exception)",
         # --- MB: MSRT bases ---------------------------------------------------------------
         "MB001": 'hybrid_tr3_tail {"runtime_profile": "exl3-msrt-base/1", "tp": 2, ...}',

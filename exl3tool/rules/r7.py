@@ -500,6 +500,18 @@ RS_MIXED_TIERS = rule(
     "(Exl3MoEMethod._prepare_mixed_rank_sliced_weights), which requires exactly two bitrates.",
     "Give each mixed layer exactly two K values in tier_bitmap.json.",
 )
+RS_TAIL_CODEBOOK = rule(
+    "RS022",
+    "tail-dense-codebook",
+    E,
+    "A dense EXL3 linear in the tail's MoE layers without the mcg codebook",
+    "With a rank-sliced tail the runtime expects mcg of every module in a layer of its "
+    "moe_layers, attention and shared experts included (Exl3Config.codebook_for_prefix answers "
+    "mcg for the whole layer before it reads the linear's own record), and "
+    "Exl3LinearMethod.process_weights_after_loading refuses a linear without the mcg marker.",
+    "Quantize the dense linears of those layers with the mcg codebook (convert with --codebook "
+    "mcg), or keep them unquantized.",
+)
 R7_MODEL_MOE = rule(
     "R7035",
     "model-moe-layers",

@@ -275,6 +275,7 @@ CASES = [
     ),
     # --- carried MTP layer, TP ------------------------------------------------------------
     Case("R7060", "r7", tail(lambda t: t.pop("r7_compat_role"))),
+    Case("RS022", "r7", lambda r: _tail_layer_dense_linear(r)),
     Case("R7060", "r7", tail(lambda t: t.update(moe_layers=[2, 3])), id="overlap"),
     Case("R7070", "r7", lambda r: None, ValidateOptions(tp=3)),
     Case("R7071", "r7", put(ROUTER, "BF16", np.zeros((3, 128), "<u2")), id="router-experts"),
@@ -452,6 +453,32 @@ def _unquantized_v_proj(root: Path) -> None:
 
     edit_shard(root, shard_of(root, f"{v}.trellis"), swap)
     storage(lambda s: s.pop(v))(root)
+
+
+def _tail_layer_dense_linear(root: Path) -> None:
+    """An EXL3 o_proj without a codebook marker (3INST) in the carried tail layer 3, claimed
+    by the tensor_storage map the runtime reads with a tail (config.json's own)."""
+    p = "model.layers.3.self_attn.o_proj"
+    shard = shard_of(root, ROUTER)
+    put(f"{p}.trellis", "I16", trellis(8, 8, 64), shard)(root)
+    put(f"{p}.suh", "F16", f16(128), shard)(root)
+    put(f"{p}.svh", "F16", f16(128), shard)(root)
+
+    def meta(shape: list[int], dtype: str, n: int) -> dict:
+        return {"shape": shape, "dtype": dtype, "n_bytes": n}
+
+    record = {
+        "quant_format": "exl3",
+        "bits_per_weight": 4,
+        "stored_tensors": {
+            f"{p}.trellis": meta([8, 8, 64], "torch.int16", 8 * 8 * 64 * 2),
+            f"{p}.suh": meta([128], "torch.float16", 256),
+            f"{p}.svh": meta([128], "torch.float16", 256),
+        },
+    }
+    config(lambda c: c["quantization_config"].setdefault("tensor_storage", {}).update({p: record}))(
+        root
+    )
 
 
 def _legacy_expert_signs(root: Path) -> None:
