@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from exl3tool.checks.exl3_experts import check_expert_geometry
 from exl3tool.checks.exl3_linear import check_linears, check_tables, flush_payload_checks
 from exl3tool.checks.exl3_tp import check_tp_slices, of_groups
 from exl3tool.checks.options import ValidateOptions
@@ -287,3 +288,4 @@ def check_exl3(ckpt: Checkpoint, findings: Findings, options: ValidateOptions) -
     hidden = config_int(ckpt.config, "hidden_size")
     n_experts = count[1] if count else None
     check_routers(ckpt, moe, n_experts, hidden, rule=ex.EX_ROUTER, findings=findings)
+    check_expert_geometry(ckpt, findings)

@@ -300,6 +300,8 @@ RULE_OUTCOME = MappingProxyType(
         "ID010": _R, "ID012": _R,  # staging verifies the base identity
         "TP001": _R, "TP011": _R, "TP012": _R,  # runtime refusals, predicted before slicing
         "TP013": _R,  # the public revisions refuse what the slice wrote
+        "EX035": _S,  # at TP 1 a wider trellis is truncated to the config's size (a narrower
+        # one fails at the first forward, TP > 1 refuses the cut)
     }
 )  # fmt: skip
 

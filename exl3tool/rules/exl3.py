@@ -254,6 +254,18 @@ EX_QUANTIZED_TABLE = rule(
     "EXL3 config claims none) and has nothing to load these tensors into.",
     "For the vLLM fork, convert without -eb (exllamav3 itself loads it).",
 )
+EX_EXPERT_GEOMETRY = rule(
+    "EX035",
+    "expert-geometry",
+    E,
+    "A routed expert's trellis does not match config.json's sizes",
+    "The runtime sizes an EXL3 MoE layer from config.json (hidden_size, moe_intermediate_size), "
+    "not from the trellis: at TP 1 it pads the input and truncates the output to those sizes "
+    "(Exl3MoEMethod._apply_expert: a wider trellis serves wrong results, a narrower one fails at "
+    "the first forward), at TP > 1 it cuts each expert at the config's sizes. Padding to a "
+    "multiple of 128 is expected (docs/formats/exl3.md §1.4).",
+    "Fix config.json's hidden_size / moe_intermediate_size, or re-convert the experts.",
+)
 EX_PACKED_MIXED = rule(
     "EX034",
     "packed-module-mixed",

@@ -395,6 +395,7 @@ CASES = [
     Case("EX031", "exl3", put(f"{K}.trellis", "I16", trellis(16, 16, 40))),
     Case("EX033", "exl3", lambda r: _quantized_embedding(r)),
     Case("EX034", "exl3", lambda r: _unquantized_v_proj(r)),
+    Case("EX035", "exl3", config(lambda c: c.update(moe_intermediate_size=384))),
     Case(
         "EX032",
         "exl3",
