@@ -16,7 +16,7 @@ from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.detect import Kind
 from exl3tool.formats.exl3 import codebook_of, group_linears
 from exl3tool.formats.names import ExpertPrefixes
-from exl3tool.formats.tail import RANK_SLICED_K, config_tail, layer_range
+from exl3tool.formats.tail import RANK_SLICED_K, config_tail, is_mixed_bits, layer_range
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import base as mb
 from exl3tool.rules import checkpoint as ck
@@ -145,7 +145,7 @@ def check_tail_bitrates(
     bits = tail.get("bits")
     runtime = runtime if runtime in REFUSED_BY else "public"
     allowed = UNIFORM_K[runtime]
-    if bits != "mixed" and type(bits) in (int, float) and bits > 0:
+    if not is_mixed_bits(bits) and type(bits) in (int, float) and bits > 0:
         if bits != int(bits):
             msg = f"bits {bits!r} is not integral: refused by {REFUSED_BY['cartridge']}"
         elif int(bits) not in allowed:
@@ -154,7 +154,7 @@ def check_tail_bitrates(
             return
         findings.add(r7.RS_RUNTIME_K, msg, file="config.json", pointer=pointer_join(ptr, "bits"))
         return
-    if bits != "mixed":
+    if not is_mixed_bits(bits):
         return
     for layer, ks in sorted(_tier_layers(ckpt, tail).items()):
         where = dict(file="tier_bitmap.json", pointer=pointer_join(f"/{layer}", "k"))
@@ -394,16 +394,11 @@ def _expert_codebook_mismatches(
     return wrong
 
 
-def _is_mixed(bits: Any) -> bool:
-    """The runtime's test of a tail's mixed bitrate (surrounding spaces and case ignored)."""
-    return isinstance(bits, str) and bits.strip().lower() == "mixed"
-
-
 def check_r7_mixed_tail(ckpt: Checkpoint, tail: dict[str, Any], findings: Findings) -> None:
     """Exl3MoEMethod.create_weights with a carried tail: every EXL3 MoE layer, the R7 ones
     too, takes its bitrates from Exl3Config.rank_sliced_layer_bitrates, which for mixed bits
     knows only the layers of the tail's range."""
-    if not _is_mixed(tail.get("bits")):
+    if not is_mixed_bits(tail.get("bits")):
         return
     emb = ckpt.embedded_quant
     block = emb.get("r7_routed_experts") if isinstance(emb, dict) else None

@@ -24,7 +24,7 @@ from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import ExpertTable, expert_count, expert_table
 from exl3tool.formats.names import PROJECTIONS
-from exl3tool.formats.tail import POINTER, Tail, parse_tail, raw_tail
+from exl3tool.formats.tail import POINTER, Tail, is_mixed_bits, parse_tail, raw_tail
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import r7 as r7
 from exl3tool.rules.registry import Findings
@@ -125,7 +125,7 @@ def _tail_fields(
     if tail.get("format") != "exl3-trellis":
         field_problem("format", f"format {tail.get('format')!r}, expected 'exl3-trellis'")
     bits = tail.get("bits")
-    if bits != "mixed" and (type(bits) not in (int, float) or bits <= 0):
+    if not is_mixed_bits(bits) and (type(bits) not in (int, float) or bits <= 0):
         field_problem("bits", f"bits {bits!r}: a number or 'mixed'")
     if tail.get("codebook") != "mcg":
         field_problem("codebook", f"codebook {tail.get('codebook')!r}, expected 'mcg'")

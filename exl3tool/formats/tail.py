@@ -79,7 +79,13 @@ class Tail:
 
     @property
     def mixed(self) -> bool:
-        return self.bits == "mixed"
+        return is_mixed_bits(self.bits)
+
+
+def is_mixed_bits(bits: Any) -> bool:
+    """The runtime's test of a tail's mixed bitrate (Exl3Config: `bits.strip().lower()`), so
+    " Mixed" is mixed too."""
+    return isinstance(bits, str) and bits.strip().lower() == "mixed"
 
 
 def parse_tail(value: Any) -> Tail | None:

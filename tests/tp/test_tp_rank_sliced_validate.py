@@ -83,3 +83,20 @@ def test_the_tier_bitmap_is_read_as_the_runtime_reads_it(
         assert hits == []
     else:
         assert hits and says in hits[0].message and hits[0].location.pointer == "/2"
+
+
+def test_mixed_bits_are_read_as_the_runtime_reads_them(
+    sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """Exl3Config compares `bits.strip().lower()` with "mixed": " Mixed" is a mixed tail, not
+    an RS001 error; "mixd" is still one."""
+    out = tmp_path / "rs"
+    slice_artifact(sources["r7"], out, SliceOptions(2, layout="rank-sliced"))
+    config = json.loads((out / "config.json").read_text())
+    for bits, errors in ((" Mixed", set()), ("mixd", {"RS001"})):
+        config["hybrid_tr3_tail"]["bits"] = bits
+        (out / "config.json").write_text(json.dumps(config))
+        _, findings = validate_path(out, ValidateOptions(tp=2))
+        assert {f.rule.code for f in findings if f.level.value == "error"} >= errors, bits
+        if not errors:
+            assert not findings.has_errors(), [f.to_json() for f in findings]
