@@ -432,6 +432,13 @@ def check_conformance(
     usable = "config.json" not in ckpt.rejected_files
     if kind in (Kind.R7, Kind.EXL3) and usable:
         check_storage_claim(ckpt, kind, findings)
+    if kind is Kind.EXL3 and usable and rank_sliced_tail(ckpt.config) is None:
+        findings.add(
+            ex.EX_SERVE_EAGER,
+            "no rank-sliced tail: the runtime builds this model only with --enforce-eager",
+            file="config.json",
+            pointer="/quantization_config",
+        )
     if kind in (Kind.R7, Kind.RANK_SLICED) and usable:
         check_linear_claims(ckpt, findings)  # a plain EXL3 checkpoint: EX022 in its family
     if usable:

@@ -101,6 +101,7 @@ EXAMPLES = MappingProxyType(
         "EX032": 'the v_proj record lists "….o_proj.mcg": v_proj (no marker) is expected to be mcg',
         "EX033": "model.embed_tokens.trellis I16 [151936, 257] and model.embed_tokens.signs, no weight",
         "EX034": "layer 0's q_proj and k_proj EXL3, its v_proj a BF16 weight (qkv_proj is fused)",
+        "EX036": "a plain EXL3 checkpoint (no hybrid_tr3_tail in config.json)",
         "EX035": 'experts.0.up_proj.trellis [128, 64, 64] (2048 -> 1024) with "moe_intermediate_size": 768',
         "EX099": "a linear on which an EXL3 check raises (the finding names the exception)",
         # --- DC: trellis decode -----------------------------------------------------------

@@ -266,6 +266,17 @@ EX_EXPERT_GEOMETRY = rule(
     "multiple of 128 is expected (docs/formats/exl3.md §1.4).",
     "Fix config.json's hidden_size / moe_intermediate_size, or re-convert the experts.",
 )
+EX_SERVE_EAGER = rule(
+    "EX036",
+    "serve-eager",
+    INFO,
+    "The runtime serves this checkpoint only with --enforce-eager",
+    "Without a rank-sliced tail every EXL3 linear runs through exl3_gemm, which autotunes with "
+    "timing launches on its first call per shape; CUDA-graph capture cannot take them, so the "
+    "runtime refuses to build the model unless eager execution is asked for "
+    "(Exl3Config._require_enforce_eager).",
+    "Serve with `vllm serve ... --enforce-eager` (enforce_eager=True).",
+)
 EX_PACKED_MIXED = rule(
     "EX034",
     "packed-module-mixed",

@@ -396,6 +396,7 @@ CASES = [
     Case("EX033", "exl3", lambda r: _quantized_embedding(r)),
     Case("EX034", "exl3", lambda r: _unquantized_v_proj(r)),
     Case("EX035", "exl3", config(lambda c: c.update(moe_intermediate_size=384))),
+    Case("EX036", "exl3", lambda r: None),  # every plain EXL3 checkpoint (an info)
     Case(
         "EX032",
         "exl3",
