@@ -57,7 +57,11 @@ def entry() -> None:
             raise SystemExit(signals.say(signals.Interrupted(late))) from None
         raise
     finally:
-        signals.finish()
+        try:
+            signals.finish()
+        except signals.Interrupted as exc:  # received as the command ended: said, not a traceback
+            signals.finish()  # ignored from here, as after a quiet finish
+            raise SystemExit(signals.say(exc)) from None
         # The process ends here. Interpreter shutdown runs full collections that walk every
         # object the imports made (~15 ms of a short command); frozen ones are skipped.
         # Reference counting still frees them; stdout and stderr are flushed as always.

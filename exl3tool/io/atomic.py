@@ -309,17 +309,22 @@ def atomic_dir(
     target = Path(target).absolute()
     check_output_place(target, force, inputs, directory=True)
     remove_stale_temps(target)  # a killed run's leftovers (GBs, maybe); never a live run's
-    tmp, lock = _temp_dir(target, "tmp")
+    tmp: Path | None = None
+    lock: int | None = None
     try:
+        # made and locked at once: an interrupt comes before (nothing made) or after (known
+        # to the cleanup below), never between (an empty `.NAME.tmp-*` left behind)
+        with interrupts_deferred():
+            tmp, lock = _temp_dir(target, "tmp")
         with _as_output_error(target):
-            try:
-                yield tmp
-                fsync_tree(tmp)
-                check_apart(target, inputs, directory=True)  # a link may have moved meanwhile
-                _publish(tmp, target, force)
-            except BaseException:
-                remove_tree(tmp)
-                raise
+            yield tmp
+            fsync_tree(tmp)
+            check_apart(target, inputs, directory=True)  # a link may have moved meanwhile
+            _publish(tmp, target, force)
+    except BaseException:
+        if tmp is not None:
+            remove_tree(tmp)
+        raise
     finally:
         _unlock(lock)
 

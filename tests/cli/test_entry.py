@@ -31,3 +31,22 @@ def test_objects_are_frozen_after_a_command_and_its_output_is_complete() -> None
 def test_a_usage_error_is_frozen_too() -> None:
     code, frozen, _ = _frozen(["identity", "--threads", "0", "x"])
     assert code == 2 and frozen > 0
+
+
+_LATE = """
+import signal, sys
+from exl3tool.cli import entry, signals
+real = signals.finish
+def finish():  # the handler of a signal received as the command ended runs in here
+    signals.finish = real
+    raise signals.Interrupted(signal.SIGTERM)
+signals.finish = finish
+sys.argv = ["exl3tool", "rules"]
+entry()
+"""
+
+
+def test_a_signal_handled_as_the_command_ends_is_said_not_a_traceback() -> None:
+    out = subprocess.run([sys.executable, "-c", _LATE], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 143, out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1

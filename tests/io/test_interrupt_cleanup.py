@@ -150,6 +150,33 @@ def test_an_interrupt_at_the_lock_leaves_no_lock_file(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("at", ["mkdir", "lock"])
+def test_an_interrupt_as_the_temporary_folder_is_made_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: str
+) -> None:
+    """The signal arrives right after `.NAME.tmp-*` is made, or as it is locked: held back,
+    then raised with the folder removed (an empty one was left beside the output)."""
+    monkeypatch.setattr(signals, "_fired", False)
+    real_mkdir, real_lock = os.mkdir, atomic._lock_dir
+
+    def mkdir(path: object, mode: int = 0o777) -> None:
+        real_mkdir(path, mode)  # type: ignore[arg-type]
+        if at == "mkdir":
+            signals._handler(signal.SIGTERM, None)
+
+    def lock(path: Path, *args: object, **kw: object) -> object:
+        fd = real_lock(path, *args, **kw)  # type: ignore[arg-type]
+        if at == "lock":
+            signals._handler(signal.SIGTERM, None)
+        return fd
+
+    monkeypatch.setattr(atomic.os, "mkdir", mkdir)
+    monkeypatch.setattr(atomic, "_lock_dir", lock)
+    with pytest.raises(Interrupted), atomic.atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "x").write_bytes(b"never")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_only_the_main_thread_holds_interrupts_back() -> None:
     """Python runs signal handlers in the main thread: a cleanup in another thread must not
     make the main thread's interrupt wait for it (nor be raised in that thread)."""
