@@ -132,7 +132,8 @@ def _describe_cartridge(path: Path, result: InspectResult) -> InspectResult:
     base = cart.field("base")
     base = base if isinstance(base, dict) else {}
     stages = []
-    for c in cart.field("chain") or []:
+    chain = cart.field("chain")
+    for c in chain if isinstance(chain, list) else []:
         if isinstance(c, dict):
             experts = c.get("experts")
             stages.append(

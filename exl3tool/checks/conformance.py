@@ -16,7 +16,13 @@ from exl3tool.formats.checkpoint import Checkpoint
 from exl3tool.formats.detect import Kind
 from exl3tool.formats.exl3 import codebook_of, group_linears
 from exl3tool.formats.names import ExpertPrefixes
-from exl3tool.formats.tail import RANK_SLICED_K, config_tail, is_mixed_bits, layer_range
+from exl3tool.formats.tail import (
+    RANK_SLICED_K,
+    config_tail,
+    is_mixed_bits,
+    layer_range,
+    runtime_k,
+)
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import base as mb
 from exl3tool.rules import checkpoint as ck
@@ -131,8 +137,9 @@ def _tier_layers(ckpt: Checkpoint, tail: dict[str, Any]) -> dict[int, set[int]]:
     out: dict[int, set[int]] = {}
     for key, entry in tb.items() if isinstance(tb, dict) else ():
         ks = entry.get("k") if isinstance(entry, dict) else None
-        if key.isdigit() and layers[0] <= int(key) <= layers[1] and isinstance(ks, list):
-            out[int(key)] = {k for k in ks if is_json_int(k)}
+        inside = key.isascii() and key.isdecimal() and layers[0] <= int(key) <= layers[1]
+        if inside and isinstance(ks, list):
+            out[int(key)] = {k for k in map(runtime_k, ks) if k is not None}
     return out
 
 

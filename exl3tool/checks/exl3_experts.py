@@ -27,13 +27,15 @@ def _padded(n: int) -> int:
     return -(-n // HAD) * HAD
 
 
-def _sizes(config: Any) -> tuple[int, int] | None:
-    """(hidden, expert intermediate) of config.json, as the runtime reads them."""
+def _sizes(config: Any) -> tuple[int, int, str] | None:
+    """(hidden, expert intermediate, the key it came from) of config.json: an MoE model's
+    moe_intermediate_size, else (Mixtral, gpt-oss) its intermediate_size."""
     cfg = model_config(config)
     hidden = cfg.get("hidden_size")
-    inter = cfg.get("moe_intermediate_size", cfg.get("intermediate_size"))
+    key = "moe_intermediate_size" if "moe_intermediate_size" in cfg else "intermediate_size"
+    inter = cfg.get(key)
     if is_json_int(hidden) and is_json_int(inter) and hidden > 0 and inter > 0:
-        return hidden, inter
+        return hidden, inter, key
     return None
 
 
@@ -43,7 +45,7 @@ def check_expert_geometry(ckpt: Checkpoint, findings: Findings) -> None:
     sizes = _sizes(ckpt.config)
     if sizes is None:
         return
-    hidden, inter = sizes
+    hidden, inter, key = sizes
     want = {
         "gate_proj": (hidden, inter),
         "up_proj": (hidden, inter),
@@ -65,7 +67,7 @@ def check_expert_geometry(ckpt: Checkpoint, findings: Findings) -> None:
         findings.add(
             ex.EX_EXPERT_GEOMETRY,
             f"{proj} trellis is {got[0]} -> {got[1]}; config.json says {k_in} -> {n_out} "
-            "(hidden_size, moe_intermediate_size)",
+            f"(hidden_size, {key})",
             file=ref.file,
             tensor=ref.name,
         )

@@ -24,7 +24,15 @@ from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import ExpertTable, expert_count, expert_table
 from exl3tool.formats.names import PROJECTIONS
-from exl3tool.formats.tail import POINTER, Tail, is_mixed_bits, parse_tail, raw_tail
+from exl3tool.formats.tail import (
+    POINTER,
+    Tail,
+    is_mixed_bits,
+    layer_ks,
+    parse_tail,
+    raw_tail,
+    runtime_k,
+)
 from exl3tool.io.strict_json import is_json_int, pointer_join
 from exl3tool.rules import r7 as r7
 from exl3tool.rules.registry import Findings
@@ -220,16 +228,15 @@ def check_tier_bitmap(
         if not isinstance(entry, dict):
             problems.append((layer, f"tier_bitmap.json has no entry for MoE layer {layer}"))
             continue
-        ks = entry.get("k")
-        overlay = entry.get("tail_tr3")
-        if ks is None and isinstance(overlay, list | dict | str) and len(overlay) == experts:
-            continue
-        if not isinstance(ks, list) or len(ks) != experts:
-            n = f"{len(ks)} entries" if isinstance(ks, list) else repr(ks)[:40]
+        ks = layer_ks(entry, experts)
+        if ks is None:
+            raw = entry.get("k")
+            n = f"{len(raw)} entries" if isinstance(raw, list) else repr(raw)[:40]
             problems.append((layer, f"layer {layer}: k is {n}, experts_per_layer is {experts}"))
             continue
-        bad = sorted({repr(k)[:20] for k in ks if not is_json_int(k)})
-        odd = sorted({k for k in ks if is_json_int(k)} - k_allowed) if k_allowed else []
+        read = [runtime_k(k) for k in ks]
+        bad = sorted({repr(k)[:20] for k, r in zip(ks, read, strict=True) if r is None})
+        odd = sorted({r for r in read if r is not None} - k_allowed) if k_allowed else []
         if bad:
             problems.append((layer, f"layer {layer}: K {', '.join(bad[:4])} is not an integer"))
         elif odd:
@@ -248,12 +255,11 @@ def check_tier_bitmap(
         )
 
 
-def _tier_k(tier: dict[str, Any] | None, layer: int, expert: int) -> int | None:
-    entry = (tier or {}).get(str(layer))
-    ks = entry.get("k") if isinstance(entry, dict) else None
-    if isinstance(ks, list) and expert < len(ks) and is_json_int(ks[expert]):
-        return ks[expert]
-    return None
+def _tier_ks(tier: dict[str, Any] | None, layer: int, experts: int) -> list[int | None]:
+    """The K the runtime reads for each expert of a layer, None where it has none (what is
+    unusable is check_tier_bitmap's finding)."""
+    ks = layer_ks((tier or {}).get(str(layer)), experts)
+    return [runtime_k(k) for k in ks] if ks is not None else [None] * experts
 
 
 def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: Scan) -> None:
@@ -265,8 +271,9 @@ def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: S
         return
     for layer in range(spec.layers[0], spec.layers[1] + 1):
         missing: list[str] = []
+        tier_ks = _tier_ks(spec.tier, layer, spec.n_experts)
         for e in range(spec.n_experts):
-            tier_k = _tier_k(spec.tier, layer, e)
+            tier_k = tier_ks[e]
             for proj in PROJECTIONS:
                 for r in range(spec.tp):
                     key = (layer, e, proj, r)

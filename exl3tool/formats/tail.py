@@ -118,3 +118,33 @@ def raw_tail(config: Any) -> Any:
 def config_tail(config: Any) -> Tail | None:
     """The tail of a config.json; None when absent or not an object."""
     return parse_tail(raw_tail(config))
+
+
+def runtime_k(value: Any) -> int | None:
+    """A tier_bitmap K as the runtime reads it (`int(value)`): a JSON integer, an integral
+    float or a decimal string; None for what int() refuses or would change (a bool, 3.5, "x")."""
+    if is_json_int(value):
+        return int(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1 << 53:
+        return int(value)
+    if isinstance(value, str) and len(value) < 32:
+        digits = value.strip()
+        if digits.lstrip("+-").isdecimal():
+            try:
+                return int(digits)
+            except ValueError:
+                return None
+    return None
+
+
+def layer_ks(entry: Any, experts: int) -> list[Any] | None:
+    """The K of each expert of one tier_bitmap.json layer entry as the runtime takes it: its `k`
+    list, or for the MTP overlay's form (no `k`, a `tail_tr3` of one item per expert) K 3 for
+    every expert. None when neither has `experts` items (the runtime refuses to start)."""
+    if not isinstance(entry, dict):
+        return None
+    ks = entry.get("k")
+    overlay = entry.get("tail_tr3")
+    if ks is None and isinstance(overlay, list | dict | str) and len(overlay) == experts:
+        return [3] * experts
+    return ks if isinstance(ks, list) and len(ks) == experts else None

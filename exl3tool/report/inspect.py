@@ -11,8 +11,12 @@ def _shown(value: Any) -> str:
     """A value as one printable cell: control characters escaped, long text cut."""
     text = str(value)
     if not text.isprintable():
-        text = text.encode("unicode_escape").decode("ascii")
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
     return text if len(text) <= SHOWN_MAX else text[: SHOWN_MAX - 1] + "…"
+
+
+def _short(digest: Any) -> str:
+    return f"{digest[:16]}…" if isinstance(digest, str) and len(digest) > 16 else str(digest)
 
 
 def _cartridge_facts(info: dict[str, Any]) -> list[tuple[str, str]]:
@@ -26,7 +30,7 @@ def _cartridge_facts(info: dict[str, Any]) -> list[tuple[str, str]]:
         ("file bytes", f"{info['file_bytes']:,}"),
         ("layers", ", ".join(map(str, layers)) if layers else "none"),
         ("experts with stages", str(info.get("experts", 0))),
-        ("base", f"{base.get('label')}, K {base.get('k')}, identity {str(pin)[:16]}…"),
+        ("base", f"{base.get('label')}, K {base.get('k')}, identity {_short(pin)}"),
         ("layout", f"{info.get('layout')}, world size {info.get('world_size')}"),
         ("codebook", str(info.get("codebook"))),
     ]
@@ -34,7 +38,7 @@ def _cartridge_facts(info: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(
             (
                 f"stage {st.get('label')}",
-                f"K {st.get('k')} on {st.get('parent')}, {st.get('experts')} experts",
+                f"+{st.get('k')} bits on {st.get('parent')}, {st.get('experts')} experts",
             )
         )
     return rows

@@ -299,7 +299,7 @@ RULE_OUTCOME = MappingProxyType(
         "ID007": _S,  # ranks would serve different replicated weights
         "ID010": _R, "ID012": _R,  # staging verifies the base identity
         "TP001": _R, "TP011": _R, "TP012": _R,  # runtime refusals, predicted before slicing
-        "TP013": _R,  # the public revisions refuse what the slice wrote
+        "TP013": _R, "TP014": _R,  # the public (TP013) or every (TP014) revision would refuse
         "EX035": _S,  # at TP 1 a wider trellis is truncated to the config's size (a narrower
         # one fails at the first forward, TP > 1 refuses the cut)
     }

@@ -276,6 +276,7 @@ EXAMPLES = MappingProxyType(
         "TP011": "slice --tp 2 --layout rank-sliced of a base whose MoE layers are 3 and 5",
         "TP012": "slice --tp 2 --layout rank-sliced of an R7 layer with gate K 3, up K 4, down K 5",
         "TP013": "slice --tp 2 --layout rank-sliced of a base whose experts are all K 2",
+        "TP014": "slice --tp 2 --layout rank-sliced of experts at K 2 and K 3 (a mixed tail with K 2)",
         # --- GT: pre-publish gate ---------------------------------------------------------
         "GT001": 'exl3tool.toml: [[artifacts]] pth = "models/base" (misspelt path)',
         "GT002": 'exl3tool.toml: [[artifacts]] path = "models/bsae"',

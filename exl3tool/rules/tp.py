@@ -111,6 +111,16 @@ TP_TIERS = rule(
     "bitrates (Exl3MoEMethod._prepare_mixed_rank_sliced_weights; RS021 once written).",
     "Slice with --layout per-rank (R7 layers keep their per-projection K there).",
 )
+TP_UNSERVED_K = rule(
+    "TP014",
+    "rank-sliced-unserved-k",
+    E,
+    "Rank-sliced layout at a K no runtime revision serves",
+    "The output's tail is uniform (`bits` K) when every expert has one K, else mixed (`k_values` "
+    "with a tier_bitmap.json). A uniform tail runs at K 3..6 (2..6 on the cartridge revision); "
+    "a mixed one needs every K in 3..6 on every revision (Exl3Config._configure_rank_sliced).",
+    "Slice with --layout per-rank.",
+)
 TP_CARTRIDGE_K = rule(
     "TP013",
     "rank-sliced-cartridge-k",

@@ -367,19 +367,44 @@ def plan_slices(
         raise _refuse_input("the rank-sliced layout splits experts by tensor (--mode tensor) only")
     if not ckpt.tensors:
         raise _refuse_input("the artifact has no readable tensors")
-    layer_ks: dict[int, set[int]] = {}
+    cartridge_only: dict[int, int] = {}
     if layout == "rank-sliced":
         _check_uniform_expert_k(ckpt)
         _check_contiguous_layers(ckpt)
         layer_ks = _layer_ks(ckpt)
         _check_two_tiers(layer_ks)
+        cartridge_only = _check_served_k(layer_ks)
     plan = _Planner(ckpt, kind, tp, mode, layout).build()
-    plan.cartridge_only = {
-        layer: k
-        for layer, (k, *more) in sorted(layer_ks.items())
-        if not more and k not in RANK_SLICED_K["public"]
-    }
+    plan.cartridge_only = cartridge_only
     return plan
+
+
+def _check_served_k(layer_ks: dict[int, set[int]]) -> dict[int, int]:
+    """The K the output's tail will declare is served by some runtime revision (TP014); the
+    layers of a uniform tail that only the cartridge revision serves (K 2: TP013, a warning)."""
+    every = sorted({k for ks in layer_ks.values() for k in ks})
+    if len(every) == 1:  # a uniform tail: bits K
+        (k,) = every
+        if k in RANK_SLICED_K["public"]:
+            return {}
+        if k in RANK_SLICED_K["cartridge"]:
+            return {layer: k for layer in sorted(layer_ks)}
+        why = f"every expert is K {k}: a uniform rank-sliced tail runs at K 3..6 (2..6 on the "
+        why += "cartridge revision)"
+    else:  # a mixed tail: k_values
+        odd = [k for k in every if k not in RANK_SLICED_K["public"]]
+        if not odd:
+            return {}
+        why = f"the experts use K {every}, so the tail is mixed, and a mixed tail runs only "
+        why += f"with every K in 3..6 (not {odd})"
+    f = Findings()
+    layer = min(layer_ks)
+    f.add(
+        tp_rules.TP_UNSERVED_K,
+        f"{why}: no runtime revision serves it; use --layout per-rank",
+        tensor=f"model.layers.{layer}.mlp.experts",
+    )
+    raise PlanRefused(f)
 
 
 def _check_uniform_expert_k(ckpt: Checkpoint) -> None:

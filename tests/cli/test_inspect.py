@@ -108,6 +108,25 @@ def test_a_cartridge_s_strings_reach_the_terminal_escaped(tmp_path: Path) -> Non
     assert "x" * 300 not in res.stdout.replace("\n", "")  # a long value is cut
 
 
+@pytest.mark.parametrize("chain", [5, True, {"k3": 1}, None])
+def test_a_cartridge_whose_chain_is_not_a_list_is_described_without_it(
+    tmp_path: Path, chain: object
+) -> None:
+    import shutil
+
+    cart = tmp_path / "c"
+    shutil.copytree(CART, cart)
+    manifest = json.loads((cart / "adapter_config.json").read_text())
+    manifest["chain"] = chain
+    manifest["base"]["compatibility_sha256"] = None
+    (cart / "adapter_config.json").write_text(json.dumps(manifest))
+    res = runner.invoke(app, ["inspect", str(cart)])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    assert "identity None" in res.stdout and "None…" not in res.stdout
+    res = runner.invoke(app, ["inspect", "--format", "json", str(cart)])
+    assert json.loads(res.stdout)["chain"] == []
+
+
 def test_a_broken_cartridge_gets_findings_and_no_plot(tmp_path: Path) -> None:
     import shutil
 

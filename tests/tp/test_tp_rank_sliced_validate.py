@@ -59,11 +59,23 @@ def test_slice_warns_when_only_the_cartridge_revision_serves_the_output(
     [
         (lambda tb: tb.pop("2"), "no entry for MoE layer 2"),
         (lambda tb: tb["2"]["k"].append(3), "experts_per_layer"),
-        (lambda tb: tb["2"]["k"].__setitem__(0, "3"), "not an integer"),
+        (lambda tb: tb["2"]["k"].__setitem__(0, "x"), "not an integer"),
+        (lambda tb: tb["2"]["k"].__setitem__(0, 3.5), "not an integer"),
+        (lambda tb: tb["2"]["k"].__setitem__(0, True), "not an integer"),
+        (lambda tb: tb["2"]["k"].__setitem__(0, f" {tb['2']['k'][0]}"), None),  # int() reads it
+        (lambda tb: tb["2"]["k"].__setitem__(0, float(tb["2"]["k"][0])), None),
         (lambda tb: tb["2"]["k"].__setitem__(0, 6), "k_values declares"),
-        (lambda tb: tb["2"].update(k=None, tail_tr3=[3] * len(tb["2"]["k"])), None),
     ],
-    ids=["missing-layer", "extra-entry", "string-k", "undeclared-k", "mtp-overlay-form"],
+    ids=[
+        "missing-layer",
+        "extra-entry",
+        "text-k",
+        "fraction-k",
+        "bool-k",
+        "decimal-string-k",
+        "integral-float-k",
+        "undeclared-k",
+    ],
 )
 def test_the_tier_bitmap_is_read_as_the_runtime_reads_it(
     sources: dict[str, Path], tmp_path: Path, edit: Any, says: str | None
@@ -100,3 +112,66 @@ def test_mixed_bits_are_read_as_the_runtime_reads_them(
         assert {f.rule.code for f in findings if f.level.value == "error"} >= errors, bits
         if not errors:
             assert not findings.has_errors(), [f.to_json() for f in findings]
+
+
+@pytest.mark.parametrize("declared", [[3, 4, 5], [4, 5]])
+def test_the_mtp_overlay_form_is_k_3_for_every_expert(
+    sources: dict[str, Path], tmp_path: Path, declared: list[int]
+) -> None:
+    """A layer entry without `k` whose `tail_tr3` has one item per expert is read as K 3 for
+    every expert: refused when k_values does not declare 3 (RS011), and each expert's slices
+    are checked against K 3 (RS008 where they are not K 3)."""
+    out = tmp_path / "rs"
+    slice_artifact(sources["r7"], out, SliceOptions(2, layout="rank-sliced"))
+    tb = json.loads((out / "tier_bitmap.json").read_text())
+    ks = tb["2"]["k"]
+    tb["2"] = {"tail_tr3": list(range(len(ks)))}
+    (out / "tier_bitmap.json").write_text(json.dumps(tb))
+    config = json.loads((out / "config.json").read_text())
+    config["hybrid_tr3_tail"]["k_values"] = declared
+    (out / "config.json").write_text(json.dumps(config))
+    _, findings = validate_path(out, ValidateOptions(tp=2))
+    rs011 = [f for f in findings if f.rule.code == "RS011" and f.location.pointer == "/2"]
+    assert bool(rs011) == (3 not in declared)
+    rs008 = [
+        f for f in findings if f.rule.code == "RS008" and ".layers.2." in (f.location.tensor or "")
+    ]
+    assert bool(rs008) == any(k != 3 for k in ks)
+
+
+@pytest.mark.parametrize(
+    ("layer_ks", "warned", "refused"),
+    [
+        ({1: {3}, 2: {4}}, {}, False),  # mixed, every K in 3..6
+        ({1: {3, 4}, 2: {3, 4}}, {}, False),
+        ({1: {5}, 2: {5}}, {}, False),  # uniform K 5
+        ({1: {2}, 2: {2}}, {1: 2, 2: 2}, False),  # uniform K 2: the cartridge revision only
+        ({1: {2}, 2: {3}}, None, True),  # mixed with K 2: no revision
+        ({1: {2, 3}, 2: {3}}, None, True),
+        ({1: {8}, 2: {8}}, None, True),  # uniform K 8: no revision
+        ({1: {7}}, None, True),
+    ],
+)
+def test_the_output_tail_s_k_is_one_a_runtime_revision_serves(
+    layer_ks: dict[int, set[int]], warned: dict[int, int] | None, refused: bool
+) -> None:
+    from exl3tool.tp.plan import _check_served_k
+    from exl3tool.tp.slices import PlanRefused
+
+    if refused:
+        with pytest.raises(PlanRefused) as err:
+            _check_served_k(layer_ks)
+        assert [f.code for f in err.value.findings] == ["TP014"]
+    else:
+        assert _check_served_k(layer_ks) == warned
+
+
+def test_a_k8_model_is_not_sliced_rank_sliced(tmp_path: Path) -> None:
+    from exl3tool.synth.exl3 import build_exl3
+    from exl3tool.tp.slices import PlanRefused
+
+    src = build_exl3(tmp_path / "k8", codebook="mcg", k_values=(8,), moe_intermediate=256)
+    with pytest.raises(PlanRefused) as err:
+        slice_artifact(src, tmp_path / "out", SliceOptions(2, layout="rank-sliced"))
+    assert [f.code for f in err.value.findings] == ["TP014"]
+    assert not (tmp_path / "out").exists()
