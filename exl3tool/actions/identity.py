@@ -72,6 +72,11 @@ def hash_artifact(
     from exl3tool.io.progress import progress_bar
 
     ahead = headers = None
+    if threads is None:  # one worker per core, less one for this process's per-tensor work
+        from exl3tool.identity.engine import default_threads
+        from exl3tool.identity.pool_size import hashing_workers
+
+        threads = hashing_workers(path, default_threads())
     try:
         headers = _headers_ahead(path, threads)  # parse beside the configs and the index
         ahead = early.start(path, algo, threads) if spec is None else None  # hashes while we parse
