@@ -18,6 +18,8 @@ from exl3tool.formats.exl3 import codebook_of, group_linears
 from exl3tool.formats.names import ExpertPrefixes
 from exl3tool.formats.tail import (
     RANK_SLICED_K,
+    bitmap_reference,
+    bitmap_view,
     config_tail,
     is_mixed_bits,
     layer_range,
@@ -127,13 +129,19 @@ def check_expert_namespace(ckpt: Checkpoint, findings: Findings) -> None:
         )
 
 
+def _bitmap(tail: dict[str, Any]) -> tuple[str, str]:
+    """The file and field a mixed tail's K per expert is read from (RS011 says when unusable)."""
+    return bitmap_reference(tail.get("bits_per_expert")) or ("tier_bitmap.json", "k")
+
+
 def _tier_layers(ckpt: Checkpoint, tail: dict[str, Any]) -> dict[int, set[int]]:
     """K values per layer of tier_bitmap.json inside moe_layers (bounded by the file, not by a
     hostile range). Unusable files are RS011's business: read quietly here."""
     layers = tail.get("moe_layers")
     if not (isinstance(layers, list) and len(layers) == 2 and all(map(is_json_int, layers))):
         return {}
-    tb = ckpt.json_file("tier_bitmap.json", Findings())
+    name, field = _bitmap(tail)
+    tb = bitmap_view(ckpt.json_file(name, Findings()), field)
     out: dict[int, set[int]] = {}
     for key, entry in tb.items() if isinstance(tb, dict) else ():
         ks = entry.get("k") if isinstance(entry, dict) else None
@@ -164,7 +172,8 @@ def check_tail_bitrates(
     if not is_mixed_bits(bits):
         return
     for layer, ks in sorted(_tier_layers(ckpt, tail).items()):
-        where = dict(file="tier_bitmap.json", pointer=pointer_join(f"/{layer}", "k"))
+        name, field = _bitmap(tail)
+        where = dict(file=name, pointer=pointer_join(f"/{layer}", field))
         if len(ks) > 2:
             findings.add(
                 r7.RS_MIXED_TIERS, f"layer {layer} uses {len(ks)} bitrates {sorted(ks)}", **where

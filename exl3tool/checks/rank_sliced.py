@@ -27,6 +27,8 @@ from exl3tool.formats.names import PROJECTIONS
 from exl3tool.formats.tail import (
     POINTER,
     Tail,
+    bitmap_reference,
+    bitmap_view,
     is_mixed_bits,
     layer_ks,
     parse_tail,
@@ -96,9 +98,9 @@ def check_tail(
         )
         return
     layers, epl, tp, rotation = _tail_fields(tail, ctx, findings)
-    k_allowed, tier = _mixed_bits(ckpt, tail, tail.mixed, ctx, findings)
+    k_allowed, tier, bitmap = _mixed_bits(ckpt, tail, tail.mixed, ctx, findings)
     if tier is not None and layers is not None and epl is not None:
-        check_tier_bitmap(tier, layers, epl, k_allowed, findings)
+        check_tier_bitmap(tier, layers, epl, k_allowed, findings, bitmap)
     inter, hidden = ctx.inter, ctx.hidden
     if tp is not None and inter is not None and (inter % tp or (inter // tp) % 128):
         findings.add(
@@ -175,10 +177,11 @@ def _tail_fields(
 
 def _mixed_bits(
     ckpt: Checkpoint, tail: Tail, mixed: bool, ctx: TailContext, findings: Findings
-) -> tuple[set[int] | None, dict[str, Any] | None]:
-    """k_values and tier_bitmap.json for `bits: "mixed"` (RS011)."""
+) -> tuple[set[int] | None, dict[str, Any] | None, str]:
+    """k_values, the bitmap `bits_per_expert` names (its field read as `k`) and that file's
+    name, for `bits: "mixed"` (RS011)."""
     if not mixed:
-        return None, None
+        return None, None, BITMAP
     kv = tail.get("k_values")
     if not (isinstance(kv, list) and kv and all(is_json_int(k) and 3 <= k <= 6 for k in kv)):
         findings.add(
@@ -188,23 +191,25 @@ def _mixed_bits(
             pointer=pointer_join(ctx.base, "k_values"),
         )
         kv = None
-    if tail.get("bits_per_expert") != "tier_bitmap.json:k":
+    ref = bitmap_reference(tail.get("bits_per_expert"))
+    if ref is None:
         findings.add(
             r7.RS_TIER_BITMAP,
-            f"bits_per_expert {tail.get('bits_per_expert')!r}, expected 'tier_bitmap.json:k'",
+            f"bits_per_expert {tail.get('bits_per_expert')!r}: a 'file.json:field' reference "
+            "to a file of the checkpoint (the producer writes 'tier_bitmap.json:k')",
             file=ctx.file,
             pointer=pointer_join(ctx.base, "bits_per_expert"),
         )
-        return set(kv or ()), None
-    tb = ckpt.json_file("tier_bitmap.json", findings)
+        return set(kv or ()), None, BITMAP
+    name, field = ref
+    tb = ckpt.json_file(name, findings)
     if not isinstance(tb, dict):
-        findings.add(
-            r7.RS_TIER_BITMAP, "tier_bitmap.json missing or unusable", file="tier_bitmap.json"
-        )
-        return set(kv or ()), None
-    return set(kv or ()), tb
+        findings.add(r7.RS_TIER_BITMAP, f"{name} missing or unusable", file=name)
+        return set(kv or ()), None, name
+    return set(kv or ()), bitmap_view(tb, field), name
 
 
+BITMAP = "tier_bitmap.json"  # what the producer names in bits_per_expert ("tier_bitmap.json:k")
 MAX_TAIL_LAYERS = 4096  # a moe_layers range wider than this is not enumerated (no model has it)
 TIER_NAMED = 8  # layers named one by one; the rest are counted
 
@@ -215,6 +220,7 @@ def check_tier_bitmap(
     experts: int,
     k_allowed: set[int] | None,
     findings: Findings,
+    bitmap: str = BITMAP,
 ) -> None:
     """Exl3Config._load_rank_sliced_bitrates (RS011): every layer of moe_layers has an entry
     whose `k` lists one declared K per expert (or, the MTP overlay's form, a `tail_tr3` list of
@@ -226,7 +232,7 @@ def check_tier_bitmap(
     for layer in range(first, last + 1):
         entry = tier.get(str(layer))
         if not isinstance(entry, dict):
-            problems.append((layer, f"tier_bitmap.json has no entry for MoE layer {layer}"))
+            problems.append((layer, f"{bitmap} has no entry for MoE layer {layer}"))
             continue
         ks = layer_ks(entry, experts)
         if ks is None:
@@ -244,13 +250,13 @@ def check_tier_bitmap(
                 (layer, f"layer {layer} uses K {odd}, k_values declares {sorted(k_allowed or ())}")
             )
     for layer, message in problems[:TIER_NAMED]:
-        findings.add(r7.RS_TIER_BITMAP, message, file="tier_bitmap.json", pointer=f"/{layer}")
+        findings.add(r7.RS_TIER_BITMAP, message, file=bitmap, pointer=f"/{layer}")
     if len(problems) > TIER_NAMED:
         layer = problems[TIER_NAMED][0]
         findings.add(
             r7.RS_TIER_BITMAP,
             f"{len(problems) - TIER_NAMED} more layers with the same kind of problem",
-            file="tier_bitmap.json",
+            file=bitmap,
             pointer=f"/{layer}",
         )
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exl3tool.formats.msrt_spec import BASE_PROFILE as MSRT_BASE_PROFILE  # docs/formats/msrt.md §5
+from exl3tool.io.paths import relative_path_problem
 from exl3tool.io.strict_json import is_json_int
 
 KEY = "hybrid_tr3_tail"
@@ -148,3 +149,25 @@ def layer_ks(entry: Any, experts: int) -> list[Any] | None:
     if ks is None and isinstance(overlay, list | dict | str) and len(overlay) == experts:
         return [3] * experts
     return ks if isinstance(ks, list) and len(ks) == experts else None
+
+
+def bitmap_reference(value: Any) -> tuple[str, str] | None:
+    """(file, field) of a mixed tail's `bits_per_expert` as the runtime splits it
+    (`reference.rsplit(":", 1)`), e.g. ("tier_bitmap.json", "k"); None when it has no `:`, an
+    empty field, or a file that is not a relative path inside the checkpoint."""
+    if not isinstance(value, str) or ":" not in value:
+        return None
+    name, field = value.rsplit(":", 1)
+    if not field or relative_path_problem(name) is not None:
+        return None
+    return name, field
+
+
+def bitmap_view(bitmap: Any, field: str) -> Any:
+    """`bitmap` with each layer entry's `field` under `k` (what layer_ks reads)."""
+    if field == "k" or not isinstance(bitmap, dict):
+        return bitmap
+    return {
+        key: {"k": e.get(field), "tail_tr3": e.get("tail_tr3")} if isinstance(e, dict) else e
+        for key, e in bitmap.items()
+    }

@@ -456,8 +456,9 @@ RS_TIER_BITMAP = rule(
     "tier-bitmap",
     E,
     "Mixed bits without a usable tier_bitmap.json / k_values",
-    'bits "mixed" needs k_values (3..6) and bits_per_expert "tier_bitmap.json:k": an entry for '
-    "every layer of moe_layers whose k lists one integer K from k_values per expert "
+    'bits "mixed" needs k_values (3..6) and bits_per_expert, a "file.json:field" reference (the '
+    'producer writes "tier_bitmap.json:k"): an entry in that file for every layer of moe_layers '
+    "whose field lists one integer K from k_values per expert "
     "(Exl3Config._load_rank_sliced_bitrates refuses to start otherwise; §7.1).",
     "Ship tier_bitmap.json with a K per expert for every MoE layer, and declare k_values.",
 )

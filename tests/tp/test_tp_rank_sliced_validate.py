@@ -175,3 +175,43 @@ def test_a_k8_model_is_not_sliced_rank_sliced(tmp_path: Path) -> None:
         slice_artifact(src, tmp_path / "out", SliceOptions(2, layout="rank-sliced"))
     assert [f.code for f in err.value.findings] == ["TP014"]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("reference", "move_to", "error"),
+    [
+        ("bits.json:k", "bits.json", None),  # any 'file.json:field' the runtime can open
+        ("sub/bits.json:per_expert", "sub/bits.json", None),
+        ("tier_bitmap.json", None, "bits_per_expert"),  # no field
+        ("../tier_bitmap.json:k", None, "bits_per_expert"),  # outside the checkpoint
+        ("/etc/tier_bitmap.json:k", None, "bits_per_expert"),
+        ("absent.json:k", None, "absent.json missing"),
+        (7, None, "bits_per_expert"),
+    ],
+)
+def test_bits_per_expert_names_the_bitmap_as_the_runtime_reads_it(
+    sources: dict[str, Path],
+    tmp_path: Path,
+    reference: object,
+    move_to: str | None,
+    error: str | None,
+) -> None:
+    """Exl3Config._load_rank_sliced_bitrates splits bits_per_expert at its last ':' and reads
+    that field of that file of the checkpoint (RS011 when it cannot)."""
+    out = tmp_path / "rs"
+    slice_artifact(sources["r7"], out, SliceOptions(2, layout="rank-sliced"))
+    config = json.loads((out / "config.json").read_text())
+    config["hybrid_tr3_tail"]["bits_per_expert"] = reference
+    (out / "config.json").write_text(json.dumps(config))
+    if move_to is not None:
+        field = str(reference).rsplit(":", 1)[1]
+        tb = json.loads((out / "tier_bitmap.json").read_text())
+        dest = out / move_to
+        dest.parent.mkdir(exist_ok=True)
+        dest.write_text(json.dumps({k: {field: v["k"]} for k, v in tb.items()}))
+    _, findings = validate_path(out, ValidateOptions(tp=2))
+    rs011 = [f.message for f in findings if f.rule.code == "RS011"]
+    if error is None:
+        assert rs011 == [] and not findings.has_errors(), [f.to_json() for f in findings]
+    else:
+        assert any(error in m for m in rs011), rs011
