@@ -182,15 +182,18 @@ def _mixed_bits(
     name, for `bits: "mixed"` (RS011)."""
     if not mixed:
         return None, None, BITMAP
-    kv = tail.get("k_values")
-    if not (isinstance(kv, list) and kv and all(is_json_int(k) and 3 <= k <= 6 for k in kv)):
+    raw = tail.get("k_values")
+    # read with int() as the runtime reads it ("4" and 4.0 are K 4), then each one of 3..6
+    kv = [runtime_k(k) for k in raw] if isinstance(raw, list) else []
+    if not kv or not all(k is not None and 3 <= k <= 6 for k in kv):
         findings.add(
             r7.RS_TIER_BITMAP,
-            f"k_values {kv!r}: non-empty JSON ints in 3..6",
+            f"k_values {repr(raw)[:80]}: a non-empty list of integer K in 3..6",
             file=ctx.file,
             pointer=pointer_join(ctx.base, "k_values"),
         )
-        kv = None
+        kv = []
+    allowed = {k for k in kv if k is not None}
     ref = bitmap_reference(tail.get("bits_per_expert"))
     if ref is None:
         findings.add(
@@ -200,13 +203,13 @@ def _mixed_bits(
             file=ctx.file,
             pointer=pointer_join(ctx.base, "bits_per_expert"),
         )
-        return set(kv or ()), None, BITMAP
+        return allowed, None, BITMAP
     name, field = ref
     tb = ckpt.json_file(name, findings)
     if not isinstance(tb, dict):
         findings.add(r7.RS_TIER_BITMAP, f"{name} missing or unusable", file=name)
-        return set(kv or ()), None, name
-    return set(kv or ()), bitmap_view(tb, field), name
+        return allowed, None, name
+    return allowed, bitmap_view(tb, field), name
 
 
 BITMAP = "tier_bitmap.json"  # what the producer names in bits_per_expert ("tier_bitmap.json:k")

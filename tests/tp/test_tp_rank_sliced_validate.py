@@ -215,3 +215,35 @@ def test_bits_per_expert_names_the_bitmap_as_the_runtime_reads_it(
         assert rs011 == [] and not findings.has_errors(), [f.to_json() for f in findings]
     else:
         assert any(error in m for m in rs011), rs011
+
+
+@pytest.mark.parametrize(
+    ("k_values", "refused"),
+    [
+        (["3", 4.0], False),  # int() reads each: the runtime's k_values (3, 4)
+        ([" 3", "4", 5.0, 6], False),
+        ([3, 4], False),
+        ([3, 4.5], True),
+        ([2, 3, 4], True),  # a mixed tail takes K 3..6 only
+        ([], True),
+        ("3,4", True),
+        ([3, 4] * 20_000 + ["x"], True),  # long, and one K int() refuses
+    ],
+)
+def test_k_values_are_read_as_the_runtime_reads_them(
+    sources: dict[str, Path], tmp_path: Path, k_values: object, refused: bool
+) -> None:
+    out = tmp_path / "rs"
+    slice_artifact(sources["r7"], out, SliceOptions(2, layout="rank-sliced"))
+    config = json.loads((out / "config.json").read_text())
+    assert config["hybrid_tr3_tail"]["k_values"] == [3, 4]
+    config["hybrid_tr3_tail"]["k_values"] = k_values
+    (out / "config.json").write_text(json.dumps(config))
+    _, findings = validate_path(out, ValidateOptions(tp=2))
+    said = [
+        f for f in findings if f.rule.code == "RS011" and f.location.pointer.endswith("k_values")
+    ]
+    assert bool(said) == refused
+    assert all(len(f.message) < 200 for f in said)
+    if not refused:
+        assert not findings.has_errors(), [f.to_json() for f in findings]
