@@ -72,13 +72,15 @@ def hash_artifact(
     from exl3tool.io.progress import progress_bar
 
     ahead = headers = None
+    names = _shard_names(path)
     if threads is None:  # one worker per core, less one for this process's per-tensor work
         from exl3tool.identity.engine import default_threads
         from exl3tool.identity.pool_size import hashing_workers
 
-        threads = hashing_workers(path, default_threads())
+        shards = [path / n for n in names] if names is not None else [path]
+        threads = hashing_workers(shards, default_threads())
     try:
-        headers = _headers_ahead(path, threads)  # parse beside the configs and the index
+        headers = _headers_ahead(path, names, threads)  # parse beside the configs and the index
         ahead = early.start(path, algo, threads) if spec is None else None  # hashes while we parse
         ckpt, kind, findings = open_artifact(path, headers.take if headers else None)
         if headers is not None:
@@ -107,18 +109,24 @@ def hash_artifact(
     return Hashed(ident, kind, findings, ckpt)
 
 
-def _headers_ahead(path: Path, threads: int | None) -> Any:
-    """Workers parsing the shard headers of the folder `path` (io/headers_ahead), or None."""
+def _shard_names(path: Path) -> list[str] | None:
+    """The `*.safetensors` files of the folder `path`; None for a file or an unreadable folder."""
     from exl3tool.formats.checkpoint import list_safetensors
+
+    try:
+        return list_safetensors(path) if path.is_dir() else None
+    except OSError:
+        return None
+
+
+def _headers_ahead(path: Path, names: list[str] | None, threads: int | None) -> Any:
+    """Workers parsing the headers of the shards `names` of the folder `path`
+    (io/headers_ahead), or None."""
     from exl3tool.identity.engine import default_threads, fork_unsafe
     from exl3tool.io import headers_ahead
 
     workers = threads or default_threads()
-    if workers < headers_ahead.MIN_WORKERS or fork_unsafe() or not path.is_dir():
-        return None
-    try:
-        names = list_safetensors(path)
-    except OSError:
+    if names is None or workers < headers_ahead.MIN_WORKERS or fork_unsafe():
         return None
     return headers_ahead.start(path, names, workers)
 

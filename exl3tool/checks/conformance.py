@@ -8,13 +8,13 @@ refused by the runtime: its config step, its expert-name mapping and its kernel 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from exl3tool.checks.exl3 import check_storage_records
 from exl3tool.checks.options import ValidateOptions
-from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.detect import Kind
-from exl3tool.formats.exl3 import codebook_of, group_linears
+from exl3tool.formats.exl3 import LinearGroup, codebook_of, group_linears
 from exl3tool.formats.names import ExpertPrefixes
 from exl3tool.formats.tail import (
     RANK_SLICED_K,
@@ -36,7 +36,6 @@ from exl3tool.rules.registry import Findings
 # main exl3.py); "cartridge": the cartridge-era revision (uniform rank-sliced K 2..6).
 # auto: the cartridge revision for an MSRT base (the only one that serves it), else public
 RUNTIMES = ("auto", "public", "cartridge")
-UNIFORM_K = RANK_SLICED_K
 REFUSED_BY = {
     "public": "the public R7 and main revisions (integral 3/4/5/6 only)",
     "cartridge": "every revision, the cartridge revision included (2..6)",
@@ -106,7 +105,9 @@ def check_expert_namespace(ckpt: Checkpoint, findings: Findings) -> None:
     for name, (layer, _rank, field) in parsed:
         if layer in claimed and field not in EXPERT_FIELDS:
             bad.append((name, ckpt.tensors[name].file))
-    for name, file in bad[:MAX_NAMED]:
+
+    def describe(item: tuple[str, str]) -> tuple[str, dict[str, Any]]:
+        name, file = item
         field = name.rsplit(".", 1)[1]
         why = (
             "the runtime's EXL3 MoE method has no expert biases (it refuses a MoE layer with "
@@ -114,19 +115,10 @@ def check_expert_namespace(ckpt: Checkpoint, findings: Findings) -> None:
             if field == "bias"
             else "the weight loader has no parameter for it"
         )
-        findings.add(
-            ck.CK_EXPERT_FIELD,
-            f"{field!r} is no EXL3 expert component: {why}",
-            file=file,
-            tensor=name,
-        )
-    if len(bad) > MAX_NAMED:
-        findings.add(
-            ck.CK_EXPERT_FIELD,
-            f"{len(bad) - MAX_NAMED} more tensors with unknown fields in expert namespaces",
-            file=bad[MAX_NAMED][1],
-            tensor=bad[MAX_NAMED][0],
-        )
+        return f"{field!r} is no EXL3 expert component: {why}", {"file": file, "tensor": name}
+
+    more = "{n} more tensors with unknown fields in expert namespaces"
+    findings.add_counted(ck.CK_EXPERT_FIELD, bad, describe, more, MAX_NAMED)
 
 
 def _bitmap(tail: dict[str, Any]) -> tuple[str, str]:
@@ -159,7 +151,7 @@ def check_tail_bitrates(
     ptr = "/hybrid_tr3_tail"
     bits = tail.get("bits")
     runtime = runtime if runtime in REFUSED_BY else "public"
-    allowed = UNIFORM_K[runtime]
+    allowed = RANK_SLICED_K[runtime]
     if not is_mixed_bits(bits) and type(bits) in (int, float) and bits > 0:
         if bits != int(bits):
             msg = f"bits {bits!r} is not integral: refused by {REFUSED_BY['cartridge']}"
@@ -190,7 +182,21 @@ def check_tail_bitrates(
 _LAYER_INDEX = re.compile(r"layers\.(\d+)\b")  # the runtime's own pattern for a module's layer
 
 
-def check_tail_codebooks(ckpt: Checkpoint, tail: dict[str, Any], findings: Findings) -> None:
+class Dense(NamedTuple):
+    """The tensors outside routed experts, and their EXL3 linears (one pass for every check)."""
+
+    tensors: dict[str, TensorRef]
+    linears: dict[str, LinearGroup]
+
+
+def dense_linears(ckpt: Checkpoint) -> Dense:
+    tensors = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
+    return Dense(tensors, group_linears(tensors))
+
+
+def check_tail_codebooks(
+    ckpt: Checkpoint, tail: dict[str, Any], dense: Dense, findings: Findings
+) -> None:
     """Exl3Config.codebook_for_prefix with a rank-sliced tail: every module of a layer in its
     moe_layers is expected to be mcg, so a dense EXL3 linear the runtime claims there without
     the mcg marker is refused when its weights are processed (RS022)."""
@@ -199,31 +205,23 @@ def check_tail_codebooks(ckpt: Checkpoint, tail: dict[str, Any], findings: Findi
         return
     first, last = layers
     ts, _, _ = runtime_storage(ckpt)
-    dense = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
     bad = []
-    for prefix, group in sorted(group_linears(dense).items()):
+    for prefix, group in sorted(dense.linears.items()):
         m = _LAYER_INDEX.search(prefix)
         if m is None or not first <= int(m.group(1)) <= last or "trellis" not in group.parts:
             continue
         codebook = codebook_of(group.parts)
         if codebook != "mcg" and claims_linear(ts, prefix):
             bad.append((group.parts["trellis"], codebook, m.group(1)))
-    for ref, codebook, layer in bad[:MAX_NAMED]:
-        findings.add(
-            r7.RS_TAIL_CODEBOOK,
-            f"a {codebook} linear in layer {layer}, inside the tail's moe_layers "
-            f"[{first}, {last}], where the runtime expects mcg",
-            file=ref.file,
-            tensor=ref.name,
-        )
-    if len(bad) > MAX_NAMED:
-        ref = bad[MAX_NAMED][0]
-        findings.add(
-            r7.RS_TAIL_CODEBOOK,
-            f"{len(bad) - MAX_NAMED} more dense linears without mcg in the tail's layers",
-            file=ref.file,
-            tensor=ref.name,
-        )
+
+    def describe(item: tuple[TensorRef, str, str]) -> tuple[str, dict[str, Any]]:
+        ref, codebook, layer = item
+        message = f"a {codebook} linear in layer {layer}, inside the tail's moe_layers "
+        message += f"[{first}, {last}], where the runtime expects mcg"
+        return message, {"file": ref.file, "tensor": ref.name}
+
+    more = "{n} more dense linears without mcg in the tail's layers"
+    findings.add_counted(r7.RS_TAIL_CODEBOOK, bad, describe, more, MAX_NAMED)
 
 
 def _storage_keys(prefix: str) -> list[str]:
@@ -272,7 +270,7 @@ def claims_linear(storage: dict[str, Any], prefix: str) -> bool:
     return any(isinstance(r, dict) and r.get("quant_format") == "exl3" for r in records)
 
 
-def check_linear_claims(ckpt: Checkpoint, findings: Findings) -> None:
+def check_linear_claims(ckpt: Checkpoint, dense: Dense, findings: Findings) -> None:
     """Exl3Config.get_quant_method for the dense linears of a checkpoint whose experts are not
     claimed through tensor_storage (R7, rank-sliced): a linear stored as EXL3 is loaded as EXL3
     only when the tensor_storage the runtime holds (`runtime_storage`) has an exl3 record for
@@ -280,29 +278,21 @@ def check_linear_claims(ckpt: Checkpoint, findings: Findings) -> None:
     ts, where, ptr = runtime_storage(ckpt)
     if not ts and rank_sliced_tail(ckpt.config) is None:
         return  # R7080 / EX020 say why the runtime refuses to start
-    dense = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
     unclaimed = []
-    for prefix, group in sorted(group_linears(dense).items()):
+    for prefix, group in sorted(dense.linears.items()):
         if "trellis" in group.parts and not claims_linear(ts, prefix):
             unclaimed.append(group.parts["trellis"])
-    for ref in unclaimed[:MAX_NAMED]:
-        findings.add(
-            ex.EX_STORAGE_UNLISTED,
-            f"stored as EXL3 but the tensor_storage the runtime reads ({where}) has no exl3 "
-            "record for it: the runtime loads the linear as unquantized and has no parameter "
-            "for its trellis",
-            file=where,
-            tensor=ref.name,
-            pointer=ptr,
-        )
-    if len(unclaimed) > MAX_NAMED:
-        findings.add(
-            ex.EX_STORAGE_UNLISTED,
-            f"{len(unclaimed) - MAX_NAMED} more EXL3 linears without an exl3 record",
-            file=where,
-            tensor=unclaimed[MAX_NAMED].name,
-            pointer=ptr,
-        )
+    message = (
+        f"stored as EXL3 but the tensor_storage the runtime reads ({where}) has no exl3 record "
+        "for it: the runtime loads the linear as unquantized and has no parameter for its trellis"
+    )
+    findings.add_counted(
+        ex.EX_STORAGE_UNLISTED,
+        unclaimed,
+        lambda ref: (message, {"file": where, "tensor": ref.name, "pointer": ptr}),
+        "{n} more EXL3 linears without an exl3 record",
+        MAX_NAMED,
+    )
 
 
 # vLLM model classes' packed_modules_mapping: a fused module and the checkpoint linears it is
@@ -315,14 +305,13 @@ PACKED_MODULES = {
 _PACKED_SOURCE = {src: fused for fused, srcs in PACKED_MODULES.items() for src in srcs}
 
 
-def check_packed_modules(ckpt: Checkpoint, findings: Findings) -> None:
+def check_packed_modules(ckpt: Checkpoint, dense: Dense, findings: Findings) -> None:
     """Exl3Config._linear_prefix_is_exl3: every source of a fused module is EXL3 (an exl3
     record the runtime finds) or none is. A source that is absent is not counted (Gemma's
     K=V attention stores no v_proj)."""
     ts, where, ptr = runtime_storage(ckpt)
-    dense = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
-    quantized = {p for p, g in group_linears(dense).items() if "trellis" in g.parts}
-    plain = {n[: -len(".weight")] for n in dense if n.endswith(".weight")} - quantized
+    quantized = {p for p, g in dense.linears.items() if "trellis" in g.parts}
+    plain = {n[: -len(".weight")] for n in dense.tensors if n.endswith(".weight")} - quantized
     sources: dict[tuple[str, str], dict[str, bool]] = {}  # (base, fused) -> source -> is exl3
     for prefix in quantized | plain:
         base, _, leaf = prefix.rpartition(".")
@@ -347,7 +336,7 @@ def check_packed_modules(ckpt: Checkpoint, findings: Findings) -> None:
 _MODULE_FIELDS = (".weight", ".trellis", ".suh", ".svh", ".su", ".sv")
 
 
-def check_r7_storage_records(ckpt: Checkpoint, findings: Findings) -> None:
+def check_r7_storage_records(ckpt: Checkpoint, dense: Dense, findings: Findings) -> None:
     """The records of the tensor_storage map an R7 checkpoint's runtime holds
     (Exl3Config._validate_storage_metadata; a record claims whatever linear it names), and
     Exl3Config.codebook_for_prefix for routed experts: a record found for an expert projection
@@ -360,32 +349,24 @@ def check_r7_storage_records(ckpt: Checkpoint, findings: Findings) -> None:
     # an MTP layer left out, is never looked up); validated only without a rank-sliced tail
     # (with one, the config step returns before Exl3Config._validate_storage_metadata)
     live = {p: r for p, r in ts.items() if any(p + f in tensors for f in _MODULE_FIELDS)}
-    dense = group_linears({n: r for n, r in tensors.items() if ".mlp.experts." not in n})
     validated = rank_sliced_tail(ckpt.config) is None
-    check_storage_records(ckpt, live, dense, findings, where, ptr, validated=validated)
+    check_storage_records(ckpt, live, dense.linears, findings, where, ptr, validated=validated)
     if not any(".mlp.experts." in key for key in ts):
         return
     wrong = _expert_codebook_mismatches(ts, tensors)
-    for name, key, promised, held in wrong[:MAX_NAMED]:
-        findings.add(
-            ex.EX_STORAGE_CODEBOOK,
+
+    def describe(item: tuple[str, str, str, str]) -> tuple[str, dict[str, Any]]:
+        name, key, promised, held = item
+        message = (
             f"the tensor_storage record {key!r} makes the runtime expect "
             + (f"the {promised} codebook" if promised != "3inst" else "no codebook marker")
             + " for this expert projection, which has "
-            + (f"the {held} marker" if held != "3inst" else "no marker"),
-            file=where,
-            tensor=name,
-            pointer=pointer_join(ptr, key),
+            + (f"the {held} marker" if held != "3inst" else "no marker")
         )
-    if len(wrong) > MAX_NAMED:
-        name, key, _, _ = wrong[MAX_NAMED]
-        findings.add(
-            ex.EX_STORAGE_CODEBOOK,
-            f"{len(wrong) - MAX_NAMED} more expert projections with such a record",
-            file=where,
-            tensor=name,
-            pointer=pointer_join(ptr, key),
-        )
+        return message, {"file": where, "tensor": name, "pointer": pointer_join(ptr, key)}
+
+    more = "{n} more expert projections with such a record"
+    findings.add_counted(ex.EX_STORAGE_CODEBOOK, wrong, describe, more, MAX_NAMED)
 
 
 def _expert_codebook_mismatches(
@@ -446,6 +427,7 @@ def check_conformance(
     """Every runtime-conformance check that applies to a checkpoint of `kind`."""
     # both read config.json's tail: missing or unusable, its own finding is the cause
     usable = "config.json" not in ckpt.rejected_files
+    dense = dense_linears(ckpt)
     if kind in (Kind.R7, Kind.EXL3) and usable:
         check_storage_claim(ckpt, kind, findings)
     if kind is Kind.EXL3 and usable and rank_sliced_tail(ckpt.config) is None:
@@ -456,11 +438,11 @@ def check_conformance(
             pointer="/quantization_config",
         )
     if kind in (Kind.R7, Kind.RANK_SLICED) and usable:
-        check_linear_claims(ckpt, findings)  # a plain EXL3 checkpoint: EX022 in its family
+        check_linear_claims(ckpt, dense, findings)  # a plain EXL3 checkpoint: EX022 in its family
     if usable:
-        check_packed_modules(ckpt, findings)
+        check_packed_modules(ckpt, dense, findings)
     if kind is Kind.R7 and usable:
-        check_r7_storage_records(ckpt, findings)
+        check_r7_storage_records(ckpt, dense, findings)
     if kind is not Kind.MSRT_BASE:  # the base profile's component rule (MB007) covers it
         check_expert_namespace(ckpt, findings)
     elif options.runtime == "public":
@@ -477,7 +459,7 @@ def check_conformance(
     if tail is not None and kind is Kind.R7:
         check_r7_mixed_tail(ckpt, tail, findings)
     if tail is not None and kind in (Kind.RANK_SLICED, Kind.R7) and usable:
-        check_tail_codebooks(ckpt, tail, findings)
+        check_tail_codebooks(ckpt, tail, dense, findings)
 
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exl3tool.formats.checkpoint import Checkpoint
+from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.experts import model_config
 from exl3tool.formats.names import parse_expert
 from exl3tool.io.strict_json import is_json_int
@@ -62,20 +62,14 @@ def check_expert_geometry(ckpt: Checkpoint, findings: Findings) -> None:
         k_in, n_out = want[e.proj]
         got = (shape[0] * 16, shape[1] * 16)
         if got not in ((k_in, n_out), (_padded(k_in), _padded(n_out))):
-            bad.append((ref, e.proj, got, (k_in, n_out)))
-    for ref, proj, got, (k_in, n_out) in bad[:NAMED]:
-        findings.add(
-            ex.EX_EXPERT_GEOMETRY,
-            f"{proj} trellis is {got[0]} -> {got[1]}; config.json says {k_in} -> {n_out} "
-            f"(hidden_size, {key})",
-            file=ref.file,
-            tensor=ref.name,
-        )
-    if len(bad) > NAMED:
-        ref = bad[NAMED][0]
-        findings.add(
-            ex.EX_EXPERT_GEOMETRY,
-            f"{len(bad) - NAMED} more expert trellises that config.json's sizes do not describe",
-            file=ref.file,
-            tensor=ref.name,
-        )
+            bad.append((ref, e.proj, got))
+
+    def describe(item: tuple[TensorRef, str, tuple[int, int]]) -> tuple[str, dict[str, Any]]:
+        ref, proj, (k_in_got, n_out_got) = item
+        k_in, n_out = want[proj]
+        message = f"{proj} trellis is {k_in_got} -> {n_out_got}; config.json says {k_in} -> "
+        message += f"{n_out} (hidden_size, {key})"
+        return message, {"file": ref.file, "tensor": ref.name}
+
+    more = "{n} more expert trellises that config.json's sizes do not describe"
+    findings.add_counted(ex.EX_EXPERT_GEOMETRY, bad, describe, more, NAMED)

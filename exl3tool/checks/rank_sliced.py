@@ -252,16 +252,13 @@ def check_tier_bitmap(
             problems.append(
                 (layer, f"layer {layer} uses K {odd}, k_values declares {sorted(k_allowed or ())}")
             )
-    for layer, message in problems[:TIER_NAMED]:
-        findings.add(r7.RS_TIER_BITMAP, message, file=bitmap, pointer=f"/{layer}")
-    if len(problems) > TIER_NAMED:
-        layer = problems[TIER_NAMED][0]
-        findings.add(
-            r7.RS_TIER_BITMAP,
-            f"{len(problems) - TIER_NAMED} more layers with the same kind of problem",
-            file=bitmap,
-            pointer=f"/{layer}",
-        )
+    findings.add_counted(
+        r7.RS_TIER_BITMAP,
+        problems,
+        lambda p: (p[1], {"file": bitmap, "pointer": f"/{p[0]}"}),
+        "{n} more layers with the same kind of problem",
+        TIER_NAMED,
+    )
 
 
 def _tier_ks(tier: dict[str, Any] | None, layer: int, experts: int) -> list[int | None]:

@@ -48,19 +48,11 @@ def header_share(paths: list[Path]) -> tuple[int, int]:
     return header, total
 
 
-def hashing_workers(root: Path, cores: int) -> int:
-    """`cores`, or `cores - 1` for an artifact of many small tensors on MIN_CORES or more."""
+def hashing_workers(shards: list[Path], cores: int) -> int:
+    """`cores`, or `cores - 1` for shards of many small tensors on MIN_CORES or more."""
     if cores < MIN_CORES:
         return cores
-    try:
-        if root.is_dir():
-            names = sorted(e.name for e in os.scandir(root) if e.name.endswith(".safetensors"))
-            paths = [root / n for n in names]
-        else:
-            paths = [root]
-    except OSError:
-        return cores
-    header, total = header_share(paths)
+    header, total = header_share(shards)
     tensors = header / HEADER_BYTES_PER_TENSOR
     small = total > 0 and tensors * 1e9 > SMALL_TENSORS_PER_GB * total
     return cores - 1 if small else cores

@@ -10,8 +10,9 @@ from __future__ import annotations
 import enum
 import importlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from exl3tool.rules.examples import EXAMPLES
 from exl3tool.rules.families import family_title
@@ -151,6 +152,9 @@ class Finding:
         }
 
 
+_T = TypeVar("_T")
+
+
 class Findings:
     """An append-only list of findings with a convenient `add`."""
 
@@ -175,6 +179,23 @@ class Findings:
         )
         self._items.append(f)
         return f
+
+    def add_counted(
+        self,
+        r: Rule,
+        items: Sequence[_T],
+        describe: Callable[[_T], tuple[str, dict[str, Any]]],
+        more: str,
+        named: int,
+    ) -> None:
+        """A finding for each of the first `named` items (`describe` gives its message and
+        `add`'s location keywords), then one that counts the rest: `more` with `{n}` in it,
+        located at the first item left unnamed. Only the named items are described."""
+        for item in items[:named]:
+            message, where = describe(item)
+            self.add(r, message, **where)
+        if len(items) > named:
+            self.add(r, more.format(n=len(items) - named), **describe(items[named])[1])
 
     def extend(self, items: Iterable[Finding]) -> None:
         self._items.extend(items)

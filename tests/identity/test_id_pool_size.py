@@ -42,8 +42,8 @@ def test_a_core_is_left_to_the_parent_only_for_many_small_tensors_on_many_cores(
 ) -> None:
     for i in range(4):
         _shard(tmp_path / f"model-{i:05d}.safetensors", tensors // 4, gb * 10**9 // 4)
-    assert hashing_workers(tmp_path, cores) == workers
-    assert hashing_workers(tmp_path / "model-00000.safetensors", cores) == workers  # one file
+    assert hashing_workers(sorted(tmp_path.iterdir()), cores) == workers
+    assert hashing_workers([tmp_path / "model-00000.safetensors"], cores) == workers  # one file
 
 
 def test_what_is_not_a_readable_shard_is_left_out(tmp_path: Path) -> None:
@@ -54,5 +54,5 @@ def test_what_is_not_a_readable_shard_is_left_out(tmp_path: Path) -> None:
     (tmp_path / "e.safetensors").mkdir()
     header, total = header_share(sorted(tmp_path.iterdir()))
     assert total == 10**9 and 0 < header < total
-    assert hashing_workers(tmp_path, 16) == 16
-    assert hashing_workers(tmp_path / "missing", 16) == 16
+    assert hashing_workers(sorted(tmp_path.iterdir()), 16) == 16
+    assert hashing_workers([tmp_path / "missing"], 16) == 16
