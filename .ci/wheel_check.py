@@ -52,6 +52,8 @@ def contents(wheel: Path, source: Path = ROOT) -> None:
     }
     missing = sorted(shipped - names)
     assert not missing, f"not in the wheel: {missing}"
+    # native/header_scan.c, compiled (setup.py; CI has a C compiler)
+    assert any(re.fullmatch(r"exl3tool/io/_header_scan\..*\.so", n) for n in names), names
     requires = meta.get_all("Requires-Dist") or []
     core = [r for r in requires if "extra ==" not in r]
     assert not [r for r in core if re.match(r"(torch|exllamav3|triton)\b", r)], core

@@ -6,12 +6,14 @@ finding; entries that are themselves valid are still returned so later checks ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import stat
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter, lshift, sub
@@ -23,6 +25,13 @@ from exl3tool.io.gcpause import paused_gc
 from exl3tool.io.strict_json import has_lone_surrogate, raw_decode, walk_issues
 from exl3tool.rules import io as rules
 from exl3tool.rules.registry import Findings
+
+# native/header_scan.c: the compact scan in C. Absent when the package was built without a C
+# compiler; EXL3TOOL_PURE_SCAN=1 leaves it unused (the same results, to compare or rule it out).
+_native_scan: Callable[..., dict[str, TensorInfo] | None] | None = None
+if not os.environ.get("EXL3TOOL_PURE_SCAN"):
+    with contextlib.suppress(ImportError):
+        from exl3tool.io._header_scan import scan_entries as _native_scan
 
 MAX_HEADER = 100_000_000
 MAX_INT48 = 2**48 - 1
@@ -265,6 +274,9 @@ def _scan_compact(text: str) -> _Fast | None:
         if body[pos : pos + 1] != "," or _SURROGATE_ESCAPE.search(body, 0, pos):
             return None
         meta, pos = dict(meta), pos + 1
+    if _native_scan is not None and body.isascii():  # the same grammar, one pass in C
+        got = _native_scan(body, pos, {}, _kind, TensorInfo)
+        return None if got is None else (got, meta)
     out: dict[str, TensorInfo] = {}
     kinds: _Kinds = {}
     count, end = 0, len(body)

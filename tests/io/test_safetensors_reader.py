@@ -280,8 +280,9 @@ def test_fast_path_agrees_on_metadata(meta: str) -> None:
 @settings(max_examples=80, deadline=None)
 @given(tensor_sets(), st.dictionaries(_NAME, st.text(max_size=8), max_size=3))
 def test_compact_scan_takes_writer_headers(tensors: dict[str, np.ndarray], meta: dict) -> None:
-    """The regex scan (no JSON objects built) takes every compact header whose names and
-    metadata need no escapes, and returns what the JSON round-trip path returns."""
+    """The compact scans (C, and the regex scan without it; no JSON objects built) take every
+    compact header whose names and metadata need no escapes, and return what the JSON
+    round-trip path returns."""
     import json
 
     buf = io.BytesIO()
@@ -289,13 +290,20 @@ def test_compact_scan_takes_writer_headers(tensors: dict[str, np.ndarray], meta:
     raw = buf.getvalue()
     (n,) = struct.unpack("<Q", raw[:8])
     text = raw[8 : 8 + n].decode()
+    native = stmod._native_scan
     got = stmod._scan_compact(text)
+    stmod._native_scan = None
+    try:
+        py = stmod._scan_compact(text)
+    finally:
+        stmod._native_scan = native
     body = text.rstrip(" ")
     plain = body == json.dumps(json.loads(body), separators=(",", ":"), ensure_ascii=False)
-    if tensors and plain and "\\" not in body and ".." not in body:
-        assert got is not None and not any(is_unsafe_name(k) for k in got[0])
-    if got is not None:
-        assert got == stmod._round_trip(text)
+    for scan in (got, py):
+        if tensors and plain and "\\" not in body and ".." not in body:
+            assert scan is not None and not any(is_unsafe_name(k) for k in scan[0])
+        if scan is not None:
+            assert scan == stmod._round_trip(text)
 
 
 @settings(max_examples=80, deadline=None)
@@ -315,12 +323,12 @@ def test_compact_scan_in_chunks(parts: list[str], chunk: int, d: st.DataObject) 
     if d.draw(st.booleans()) and len(entries) > 1:  # a stray byte between two entries
         at = 1 + len(entries[0]) + 1  # after the comma that ends the first entry
         text = text[:at] + d.draw(st.sampled_from([" ", "x", ","])) + text[at:]
-    real = stmod._CHUNK
-    stmod._CHUNK = chunk
+    real, native = stmod._CHUNK, stmod._native_scan
+    stmod._CHUNK, stmod._native_scan = chunk, None  # the chunks are the Python scan's
     try:
         got = stmod._scan_compact(text)
     finally:
-        stmod._CHUNK = real
+        stmod._CHUNK, stmod._native_scan = real, native
     assert got is None or got == stmod._round_trip(text)
     if got is not None:
         assert list(got[0]) == names
