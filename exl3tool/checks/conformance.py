@@ -23,9 +23,12 @@ from exl3tool.formats.tail import (
     config_tail,
     is_mixed_bits,
     layer_range,
+    runtime_bits,
     runtime_k,
+    tail_layer_range,
+    whole_k,
 )
-from exl3tool.io.strict_json import is_json_int, pointer_join
+from exl3tool.io.strict_json import pointer_join
 from exl3tool.rules import base as mb
 from exl3tool.rules import checkpoint as ck
 from exl3tool.rules import exl3 as ex
@@ -129,8 +132,8 @@ def _bitmap(tail: dict[str, Any]) -> tuple[str, str]:
 def _tier_layers(ckpt: Checkpoint, tail: dict[str, Any]) -> dict[int, set[int]]:
     """K values per layer of tier_bitmap.json inside moe_layers (bounded by the file, not by a
     hostile range). Unusable files are RS011's business: read quietly here."""
-    layers = tail.get("moe_layers")
-    if not (isinstance(layers, list) and len(layers) == 2 and all(map(is_json_int, layers))):
+    layers = tail_layer_range(tail.get("moe_layers"))
+    if layers is None:
         return {}
     name, field = _bitmap(tail)
     tb = bitmap_view(ckpt.json_file(name, Findings()), field)
@@ -152,11 +155,13 @@ def check_tail_bitrates(
     bits = tail.get("bits")
     runtime = runtime if runtime in REFUSED_BY else "public"
     allowed = RANK_SLICED_K[runtime]
-    if not is_mixed_bits(bits) and type(bits) in (int, float) and bits > 0:
-        if bits != int(bits):
+    x = runtime_bits(bits)  # float(bits), as the runtime reads it
+    if not is_mixed_bits(bits) and x is not None and x > 0:
+        k = whole_k(bits)
+        if k is None:
             msg = f"bits {bits!r} is not integral: refused by {REFUSED_BY['cartridge']}"
-        elif int(bits) not in allowed:
-            msg = f"uniform K={int(bits)}: refused by {REFUSED_BY[runtime]}"
+        elif k not in allowed:
+            msg = f"uniform K={k}: refused by {REFUSED_BY[runtime]}"
         else:
             return
         findings.add(r7.RS_RUNTIME_K, msg, file="config.json", pointer=pointer_join(ptr, "bits"))
@@ -200,7 +205,7 @@ def check_tail_codebooks(
     """Exl3Config.codebook_for_prefix with a rank-sliced tail: every module of a layer in its
     moe_layers is expected to be mcg, so a dense EXL3 linear the runtime claims there without
     the mcg marker is refused when its weights are processed (RS022)."""
-    layers = layer_range(tail.get("moe_layers"))
+    layers = tail_layer_range(tail.get("moe_layers"))
     if layers is None:
         return
     first, last = layers
@@ -402,7 +407,7 @@ def check_r7_mixed_tail(ckpt: Checkpoint, tail: dict[str, Any], findings: Findin
     moe = layer_range(block.get("moe_layers")) if isinstance(block, dict) else None
     if moe is None:
         return  # the R7 block's own rules report it
-    covered = layer_range(tail.get("moe_layers"))
+    covered = tail_layer_range(tail.get("moe_layers"))
     outside = [
         layer
         for layer in (moe[0], moe[1], (covered or (0, -1))[1] + 1)

@@ -36,15 +36,18 @@ QC = "quantization_config.json"
 STORED_FIELDS = frozenset(("trellis", "suh", "svh", "su", "sv", "mcg", "mul1"))
 
 
-def _record_problem(prefix: str, rec: Any) -> str | None:
-    if not isinstance(rec, dict) or not isinstance(rec.get("stored_tensors"), dict):
-        return "record must be an object with a stored_tensors object"
+def _record_problem(rec: Any) -> str | None:
+    """Exl3Config._validate_storage_metadata: a record that is not an object fails its
+    `.get`; an exl3 one needs stored tensors whose last name parts hold trellis, suh|su and
+    svh|sv and not both mcg and mul1. A record of another format is not looked into."""
+    if not isinstance(rec, dict):
+        return "record must be an object"
     if rec.get("quant_format") != "exl3":
         return None
-    names = rec["stored_tensors"]
-    has = {
-        f for f in ("trellis", "suh", "su", "svh", "sv", "mcg", "mul1") if f"{prefix}.{f}" in names
-    }
+    names = rec.get("stored_tensors", {})
+    if not isinstance(names, dict | list) or not all(isinstance(n, str) for n in names):
+        return "an exl3 record needs stored_tensors: an object (or list) of tensor names"
+    has = {name.rsplit(".", 1)[-1] for name in names}
     if "trellis" not in has or not has & {"suh", "su"} or not has & {"svh", "sv"}:
         return "an exl3 record needs trellis, suh|su and svh|sv"
     if {"mcg", "mul1"} <= has:
@@ -165,12 +168,11 @@ def check_storage_records(
     bits and codebook."""
     for prefix, rec in ts.items():
         ptr = pointer_join(base, prefix)
-        problem = _record_problem(prefix, rec)
-        unusable = not isinstance(rec, dict) or not isinstance(rec.get("stored_tensors"), dict)
-        if problem is not None and (validated or unusable):
+        problem = _record_problem(rec)
+        if problem is not None and (validated or not isinstance(rec, dict)):
             findings.add(ex.EX_STORAGE_RECORD, problem, file=file, pointer=ptr)
-        if unusable:
-            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("stored_tensors"), dict):
+            continue  # nothing listed with a description to hold the shards to
         for name, meta in rec["stored_tensors"].items():
             _check_stored(ckpt, name, meta, pointer_join(ptr, "stored_tensors"), file, findings)
         group = groups.get(prefix)

@@ -33,6 +33,7 @@ from exl3tool.formats.tail import (
     layer_ks,
     parse_tail,
     raw_tail,
+    runtime_bits,
     runtime_k,
 )
 from exl3tool.io.strict_json import is_json_int, pointer_join
@@ -135,15 +136,16 @@ def _tail_fields(
     if tail.get("format") != "exl3-trellis":
         field_problem("format", f"format {tail.get('format')!r}, expected 'exl3-trellis'")
     bits = tail.get("bits")
-    if not is_mixed_bits(bits) and (type(bits) not in (int, float) or bits <= 0):
-        field_problem("bits", f"bits {bits!r}: a number or 'mixed'")
+    x = runtime_bits(bits)  # read with float(), as the runtime reads it ("4" is 4)
+    if not is_mixed_bits(bits) and (x is None or not x > 0):
+        field_problem("bits", f"bits {bits!r}: a positive number or 'mixed'")
     if tail.get("codebook") != "mcg":
         field_problem("codebook", f"codebook {tail.get('codebook')!r}, expected 'mcg'")
     epl = tail.experts_per_layer
     if epl is None:
         field_problem(
             "experts_per_layer",
-            f"experts_per_layer {tail.get('experts_per_layer')!r}: a positive JSON integer",
+            f"experts_per_layer {tail.get('experts_per_layer')!r}: a positive integer",
         )
     elif ctx.n_experts is not None and epl != ctx.n_experts:
         field_problem(
@@ -154,13 +156,14 @@ def _tail_fields(
     layers = tail.moe_layers
     if layers is None:
         field_problem(
-            "moe_layers", f"moe_layers {tail.get('moe_layers')!r}: [first, last] JSON ints"
+            "moe_layers",
+            f"moe_layers {tail.get('moe_layers')!r}: [first, last], integers 0 <= first <= last",
         )
     if tail.get("tensor_schema") != TENSOR_SCHEMA:
         field_problem("tensor_schema", f"tensor_schema {tail.get('tensor_schema')!r}", r7.RS_SCHEMA)
     tp = tail.tp
     if tp is None:
-        field_problem("tp", f"tp {tail.get('tp')!r}: a positive JSON integer")
+        field_problem("tp", f"tp {tail.get('tp')!r}: a positive integer")
     elif ctx.runtime_tp is not None and tp != ctx.runtime_tp:
         field_problem("tp", f"checkpoint tp {tp}, runtime --tp {ctx.runtime_tp}", r7.RS_TP)
     rotation = tail.get("rotation_layout", "per_expert_v1")

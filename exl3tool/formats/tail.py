@@ -37,17 +37,44 @@ def layer_range(value: Any) -> tuple[int, int] | None:
     return (value[0], value[1]) if ok and value[1] >= value[0] else None
 
 
+def tail_layer_range(value: Any) -> tuple[int, int] | None:
+    """A tail's `moe_layers` as the runtime reads it (Exl3Config._configure_rank_sliced:
+    `int(first) >= 0`, `int(last) >= int(first)`): two items `runtime_k` reads, so ["3", "77"]
+    is layers 3..77. The R7 block's `moe_layers` stays JSON integers (`layer_range`): its
+    loader tests their type."""
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    first, last = runtime_k(value[0]), runtime_k(value[1])
+    if first is None or last is None or first < 0 or last < first:
+        return None
+    return first, last
+
+
+def runtime_bits(bits: Any) -> float | None:
+    """A tail's uniform `bits` as the runtime reads it (`float(bits)`: 4, 4.0, "4", " 4.0 "),
+    else None. A bool is None: float() would read it as K 1 or 0, which no producer means."""
+    if isinstance(bits, bool) or not isinstance(bits, int | float | str):
+        return None
+    if isinstance(bits, str) and len(bits) > 64:
+        return None
+    try:
+        return float(bits)
+    except (ValueError, OverflowError):
+        return None
+
+
 def whole_k(bits: Any) -> int | None:
-    """`bits` as a whole K (a float from the producer, an int in tests), else None."""
-    if isinstance(bits, bool) or not isinstance(bits, int | float):
+    """`bits` as a whole K (`runtime_bits`, finite and integral), else None."""
+    x = runtime_bits(bits)
+    if x is None or not math.isfinite(x) or x != int(x):
         return None
-    if isinstance(bits, float) and (not math.isfinite(bits) or bits != int(bits)):
-        return None
-    return int(bits)
+    return int(x)
 
 
 def _positive_int(value: Any) -> int | None:
-    return value if is_json_int(value) and value > 0 else None
+    """`tp` or `experts_per_layer` as the runtime reads it (`int(value)`), when positive."""
+    n = runtime_k(value)
+    return n if n is not None and n > 0 else None
 
 
 @dataclass(frozen=True)
@@ -59,10 +86,10 @@ class Tail:
     runtime_profile: Any
     bits: Any  # as written: a number, "mixed", or anything else
     k: int | None  # `bits` as a whole K
-    moe_layers: tuple[int, int] | None
+    moe_layers: tuple[int, int] | None  # as the runtime reads them (`tail_layer_range`)
     coverage: tuple[int, ...] | None  # `moe_layer_coverage` when a list of JSON integers
-    experts_per_layer: int | None  # a positive JSON integer
-    tp: int | None  # a positive JSON integer (rank-sliced)
+    experts_per_layer: int | None  # positive, as the runtime reads it (`_positive_int`)
+    tp: int | None  # positive, as the runtime reads it (rank-sliced)
     compatibility_sha256: str | None
     compatibility_by_layer: Mapping[str, Any] | None
 
@@ -102,7 +129,7 @@ def parse_tail(value: Any) -> Tail | None:
         runtime_profile=value.get("runtime_profile"),
         bits=value.get("bits"),
         k=whole_k(value.get("bits")),
-        moe_layers=layer_range(value.get("moe_layers")),
+        moe_layers=tail_layer_range(value.get("moe_layers")),
         coverage=tuple(cov) if isinstance(cov, list) and all(map(is_json_int, cov)) else None,
         experts_per_layer=_positive_int(value.get("experts_per_layer")),
         tp=_positive_int(value.get("tp")),
@@ -122,19 +149,18 @@ def config_tail(config: Any) -> Tail | None:
 
 
 def runtime_k(value: Any) -> int | None:
-    """A tier_bitmap K as the runtime reads it (`int(value)`): a JSON integer, an integral
-    float or a decimal string; None for what int() refuses or would change (a bool, 3.5, "x")."""
+    """A tier_bitmap K, a tail's layer index, `tp` or `experts_per_layer` as the runtime reads
+    it (`int(value)`): a JSON integer, an integral float or a decimal string; None for what
+    int() refuses or would change (a bool, 3.5, "x")."""
     if is_json_int(value):
         return int(value)
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1 << 53:
+    if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and len(value) < 32:
-        digits = value.strip()
-        if digits.lstrip("+-").isdecimal():
-            try:
-                return int(digits)
-            except ValueError:
-                return None
+    if isinstance(value, str) and len(value) < 32:  # " 4", "+4", "4_0" as int() reads them
+        try:
+            return int(value)
+        except ValueError:
+            return None
     return None
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # only views are made here: `validate` and `plan` import this without numpy
+    import numpy as np
 
 ROLES = ("column", "row")
 TILE = 16

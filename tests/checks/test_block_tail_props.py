@@ -58,6 +58,40 @@ def _json_int(v: object) -> bool:
     return type(v) is int  # docs/formats/r7.md §2.1: true/false and 3.0 are not JSON integers
 
 
+def _int_reading(v: object) -> int | None:
+    """The tail's int() reading (Exl3Config._configure_rank_sliced), where it takes `v`
+    unchanged: a JSON integer, an integral float, a string int() reads; not a bool or 3.5."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return int(v) if v.is_integer() else None
+    if isinstance(v, str) and len(v) < 32:
+        try:
+            return int(v)
+        except ValueError:
+            return None
+    return None
+
+
+def _float_reading(v: object) -> float | None:
+    """The tail's float(bits) reading (not a bool: K 1 or 0 is nobody's bitrate)."""
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        return None
+    try:
+        return float(v)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _tail_layers_legal(v: object) -> bool:
+    if not isinstance(v, list) or len(v) != 2:
+        return False
+    first, last = map(_int_reading, v)
+    return first is not None and last is not None and 0 <= first <= last
+
+
 def _block_legal(key: str, v: object) -> bool:
     """docs/formats/r7.md §2.1: the values the five validated fields may hold."""
     if key == "moe_layers":
@@ -160,12 +194,11 @@ def test_tail_model_of_any_json(value: object) -> None:
         return
     assert tail is not None and tail.raw is value
     if tail.k is not None:
-        assert type(tail.k) is int and tail.k == value["bits"]
-    if tail.moe_layers is not None:
-        assert _block_legal("moe_layers", value["moe_layers"])
+        assert type(tail.k) is int and tail.k == _float_reading(value["bits"])
+    assert (tail.moe_layers is not None) == _tail_layers_legal(value.get("moe_layers"))
     for key in ("tp", "experts_per_layer"):
-        typed = getattr(tail, key)
-        assert typed == (value[key] if _json_int(value.get(key)) and value[key] > 0 else None)
+        n = _int_reading(value.get(key))
+        assert getattr(tail, key) == (n if n is not None and n > 0 else None)
 
 
 def _tail_findings(tail: object) -> Findings:
@@ -180,14 +213,16 @@ def _tail_findings(tail: object) -> Findings:
 def _tail_legal(key: str, v: object) -> bool:
     """docs/formats/r7.md §7.1 for the model above (4 experts, no runtime TP); range and count must match it."""
     if key == "bits":
-        return v == "mixed" or (type(v) in (int, float) and v > 0)
+        x = _float_reading(v)
+        return v == "mixed" or (x is not None and x > 0)
     if key in ("format", "codebook", "tensor_schema"):
         return v == GOOD_TAIL[key]
     if key == "experts_per_layer":
-        return _json_int(v) and v == 4
+        return _int_reading(v) == 4
     if key == "tp":
-        return _json_int(v) and v >= 1
-    return _block_legal("moe_layers", v)
+        n = _int_reading(v)
+        return n is not None and n >= 1
+    return _tail_layers_legal(v)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

@@ -535,5 +535,27 @@ def test_garbage_manifest_values_never_crash(art, tmp_path):
                 ("producer_verified_signer", None),
                 ("tool_version", "x.y"),
                 ("scale_shape", []),
+                ("assembly", None),  # the runtime reads str(None), the label "None"
+                ("assembly", 1),
             ]
             assert f.has_errors() != valid, (field, value)
+
+
+@pytest.mark.parametrize(
+    ("value", "codes"),
+    [
+        (20261204, set()),
+        (True, set()),
+        (None, set()),
+        (1.5, {"CA013"}),
+        (-1, {"CA013"}),
+        (10**18, set()),
+        ([1], {"CA016"}),
+    ],
+)
+def test_a_non_string_assembly_is_read_as_the_runtime_reads_it(art, tmp_path, value, codes):
+    # the runtime's one reading: _LABEL_RE.fullmatch(str(config.get("assembly")))
+    d = tmp_path / "a"
+    shutil.copytree(art["full"], d)
+    m_set("assembly", value)(d)
+    assert {f.code for f in run(d)} == codes

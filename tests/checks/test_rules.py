@@ -813,3 +813,70 @@ def test_expert_namespace_names_the_loader_cannot_place_are_r7031(
     hits = [f for f in run(root).findings if f.code == "R7031"]
     assert [f.location.tensor for f in hits] == [name]
     assert hits[0].level is Severity.ERROR
+
+
+@pytest.mark.parametrize(
+    ("edit", "codes"),
+    [
+        ({"bits": "4"}, set()),
+        ({"bits": " 4.0 "}, set()),
+        ({"bits": 4}, set()),
+        ({"bits": "4e0"}, set()),
+        ({"moe_layers": ["1", "1"]}, set()),
+        ({"moe_layers": [" 1", 1.0]}, set()),
+        ({"tp": "2"}, set()),
+        ({"experts_per_layer": "4"}, set()),
+        ({"bits": "4.5"}, {"RS020"}),
+        ({"bits": "2"}, {"RS020", "RS008"}),
+        ({"bits": "nan"}, {"RS001"}),
+        ({"bits": "inf"}, {"RS020"}),
+        ({"bits": "x"}, {"RS001"}),
+        ({"bits": True}, {"RS001"}),
+        ({"moe_layers": ["1.0", "1"]}, {"RS001"}),
+        ({"moe_layers": [1.5, 1]}, {"RS001"}),
+        ({"moe_layers": [True, 1]}, {"RS001"}),
+        ({"tp": "two"}, {"RS001"}),
+        ({"experts_per_layer": "0"}, {"RS001"}),
+    ],
+)
+def test_tail_fields_are_read_as_the_runtime_reads_them(
+    pristine: dict[str, Path], tmp_path: Path, edit: dict, codes: set[str]
+) -> None:
+    # Exl3Config._configure_rank_sliced: float(bits), int() of moe_layers, tp and
+    # experts_per_layer; what they read unchanged is the value written as a number
+    root = copy(pristine["rank-sliced"], tmp_path / "ckpt")
+    baseline = {f.code for f in run(root, ValidateOptions(tp=2)).findings}
+    tail(lambda t: t.update(edit))(root)
+    got = {f.code for f in run(root, ValidateOptions(tp=2)).findings}
+    assert got - baseline == codes
+
+
+def test_plan_reads_the_tail_tp_as_the_runtime_does(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    from exl3tool.actions.plan import PlanOptions
+    from exl3tool.actions.plan import run as run_plan
+
+    root = copy(pristine["rank-sliced"], tmp_path / "ckpt")
+    tail(lambda t: t.update(tp="2"))(root)
+    assert "RS004" not in run_plan(PlanOptions(str(root), tp=2)).findings.codes()
+    assert "RS004" in run_plan(PlanOptions(str(root), tp=4)).findings.codes()
+
+
+def test_records_of_other_formats_need_no_stored_tensors(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    # Exl3Config._validate_storage_metadata skips every record whose quant_format is not
+    # exl3, and reads an exl3 record's stored tensors by their last name part
+    root = copy(pristine["exl3"], tmp_path / "ckpt")
+
+    def strip(ts: dict) -> None:
+        for rec in ts.values():
+            if rec.get("quant_format") != "exl3":
+                rec.pop("stored_tensors", None)
+        ts[Q]["stored_tensors"] = sorted(ts[Q]["stored_tensors"])  # a list of names
+
+    storage(strip)(root)
+    assert "EX025" not in run(root).findings.codes()
+    storage(lambda ts: ts.update({"model.x": ["not", "an", "object"]}))(root)
+    assert "EX025" in run(root).findings.codes()
