@@ -55,8 +55,10 @@ def runtime_bits(bits: Any) -> float | None:
     else None. A bool is None: float() would read it as K 1 or 0, which no producer means."""
     if isinstance(bits, bool) or not isinstance(bits, int | float | str):
         return None
-    if isinstance(bits, str) and len(bits) > 64:
-        return None
+    if isinstance(bits, str):
+        bits = bits.strip()
+        if len(bits) > 64:
+            return None
     try:
         return float(bits)
     except (ValueError, OverflowError):
@@ -117,22 +119,29 @@ def is_mixed_bits(bits: Any) -> bool:
 
 
 def parse_tail(value: Any) -> Tail | None:
-    """The model of a `hybrid_tr3_tail` value; None when it is not a JSON object."""
+    """The model of a `hybrid_tr3_tail` value; None when it is not a JSON object.
+
+    The legacy rank-sliced profile's numbers are read as its runtime reads them (`"4"` is 4);
+    the `exl3-msrt-base/1` profile's are JSON numbers (its schema; the cartridge runtime that
+    reads it is not public), so there `"4"` reads as None."""
     if not isinstance(value, dict):
         return None
     cov = value.get("moe_layer_coverage")
     root = value.get("compatibility_sha256")
     by_layer = value.get("compatibility_by_layer")
+    base = value.get("runtime_profile") == MSRT_BASE_PROFILE
+    bits, layers = value.get("bits"), value.get("moe_layers")
+    epl, tp = value.get("experts_per_layer"), value.get("tp")
     return Tail(
         raw=value,
         format=value.get("format"),
         runtime_profile=value.get("runtime_profile"),
-        bits=value.get("bits"),
-        k=whole_k(value.get("bits")),
-        moe_layers=tail_layer_range(value.get("moe_layers")),
+        bits=bits,
+        k=whole_k(bits) if not base or type(bits) in (int, float) else None,
+        moe_layers=layer_range(layers) if base else tail_layer_range(layers),
         coverage=tuple(cov) if isinstance(cov, list) and all(map(is_json_int, cov)) else None,
-        experts_per_layer=_positive_int(value.get("experts_per_layer")),
-        tp=_positive_int(value.get("tp")),
+        experts_per_layer=_positive_int(epl) if not base or is_json_int(epl) else None,
+        tp=_positive_int(tp) if not base or is_json_int(tp) else None,
         compatibility_sha256=root if isinstance(root, str) else None,
         compatibility_by_layer=by_layer if isinstance(by_layer, dict) else None,
     )
@@ -156,9 +165,12 @@ def runtime_k(value: Any) -> int | None:
         return int(value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and len(value) < 32:  # " 4", "+4", "4_0" as int() reads them
+    if isinstance(value, str):  # " 4", "+4", "4_0" as int() reads them
+        digits = value.strip()
+        if len(digits) > 64:  # no K, layer or count has more digits; int() of 10^6 would crawl
+            return None
         try:
-            return int(value)
+            return int(digits)
         except ValueError:
             return None
     return None

@@ -29,7 +29,7 @@ from exl3tool.rules.registry import Findings
 # native/header_scan.c: the compact scan in C. Absent when the package was built without a C
 # compiler; EXL3TOOL_PURE_SCAN=1 leaves it unused (the same results, to compare or rule it out).
 _native_scan: Callable[..., dict[str, TensorInfo] | None] | None = None
-if not os.environ.get("EXL3TOOL_PURE_SCAN"):
+if os.environ.get("EXL3TOOL_PURE_SCAN", "0") in ("", "0"):
     with contextlib.suppress(ImportError):
         from exl3tool.io._header_scan import scan_entries as _native_scan
 

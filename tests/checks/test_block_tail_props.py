@@ -67,7 +67,7 @@ def _int_reading(v: object) -> int | None:
         return v
     if isinstance(v, float):
         return int(v) if v.is_integer() else None
-    if isinstance(v, str) and len(v) < 32:
+    if isinstance(v, str) and len(v.strip()) <= 64:  # no K, layer or count is longer
         try:
             return int(v)
         except ValueError:
@@ -78,6 +78,8 @@ def _int_reading(v: object) -> int | None:
 def _float_reading(v: object) -> float | None:
     """The tail's float(bits) reading (not a bool: K 1 or 0 is nobody's bitrate)."""
     if isinstance(v, bool) or not isinstance(v, int | float | str):
+        return None
+    if isinstance(v, str) and len(v.strip()) > 64:
         return None
     try:
         return float(v)
