@@ -2,8 +2,10 @@
  *
  * A GLM-5.2 checkpoint lists 176,812 tensors; `validate` spends ~0.33 s of its ~1.2 s building
  * their entries with regex groups in Python (issue 17). This module walks the same grammar once
- * and builds the same objects. It accepts exactly the entries `_scan_compact` accepts, or fewer;
- * anything else returns None and the caller's other paths decide (they report every finding).
+ * and builds the same objects. What it accepts, the full checks accept without a finding and
+ * read the same way (tests/io/test_header_scan_native.py); it takes every header the Python
+ * scan takes, and a few more (the Python scan gives up where its 1 MiB chunks cut a name that
+ * holds `]},`). Anything else returns None and the caller's other paths report every finding.
  *
  * One entry:  "NAME":{"dtype":"DT","shape":[INT,...],"data_offsets":[INT,INT]}
  * followed by `,` or, for the last one, the `}` that ends the header.
@@ -27,7 +29,8 @@ typedef struct {
     Py_ssize_t n;
     Py_ssize_t p;
     /* the kinds of the last entries (a projection's trellis, marker and vectors repeat): text
-     * spans, and the kind borrowed from `kinds`, which never drops an item */
+     * spans, and a strong reference to the kind (`kind_of` is arbitrary code: it, or a
+     * destructor or `__eq__` it sets off, may remove or replace any item of `kinds`) */
     Py_ssize_t kind0[RECENT], kind1[RECENT];
     PyObject *kind[RECENT];
     int next; /* the slot the next new kind takes */
@@ -74,18 +77,37 @@ static int dtype_char(unsigned char ch) {
     return (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_';
 }
 
+static int valid_kind(PyObject *kind) {
+    if (!PyTuple_CheckExact(kind) || PyTuple_GET_SIZE(kind) != 3 ||
+        !PyLong_Check(PyTuple_GET_ITEM(kind, 2))) {
+        PyErr_SetString(PyExc_TypeError, "kind_of must return (dtype, shape, bits)");
+        return 0;
+    }
+    return 1;
+}
+
 /* The (dtype, shape, bits) of one `DT","shape":[dims` text: from `kinds` (keyed by that text)
- * or from `kind_of(dtype, dims)`, whose answer is kept there. Borrowed; NULL on error. */
+ * or from `kind_of(dtype, dims)`, whose answer is kept there. New reference (an exact 3-tuple
+ * whose last item is an int, whatever `kinds` held); NULL on error. */
 static PyObject *kind_for(PyObject *body, Py_ssize_t dt0, Py_ssize_t dt1, Py_ssize_t dims0,
                           Py_ssize_t dims1, PyObject *kinds, PyObject *kind_of) {
     PyObject *key = PyUnicode_Substring(body, dt0, dims1);
     if (key == NULL) {
         return NULL;
     }
-    PyObject *kind = PyDict_GetItemWithError(kinds, key);
-    if (kind != NULL || PyErr_Occurred()) {
+    PyObject *kind = PyDict_GetItemWithError(kinds, key);  /* borrowed */
+    if (kind != NULL) {
+        Py_INCREF(kind);
         Py_DECREF(key);
+        if (!valid_kind(kind)) {
+            Py_DECREF(kind);
+            return NULL;
+        }
         return kind;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        return NULL;
     }
     PyObject *dtype = PyUnicode_Substring(body, dt0, dt1);
     PyObject *dims = dtype ? PyUnicode_Substring(body, dims0, dims1) : NULL;
@@ -96,17 +118,18 @@ static PyObject *kind_for(PyObject *body, Py_ssize_t dt0, Py_ssize_t dt1, Py_ssi
         Py_DECREF(key);
         return NULL;
     }
-    if (!PyTuple_CheckExact(made) || PyTuple_GET_SIZE(made) != 3 ||
-        !PyLong_Check(PyTuple_GET_ITEM(made, 2))) {
-        PyErr_SetString(PyExc_TypeError, "kind_of must return (dtype, shape, bits)");
+    if (!valid_kind(made)) {
         Py_DECREF(made);
         Py_DECREF(key);
         return NULL;
     }
     int failed = PyDict_SetItem(kinds, key, made);
     Py_DECREF(key);
-    Py_DECREF(made);  /* `kinds` holds it */
-    return failed ? NULL : made;
+    if (failed) {
+        Py_DECREF(made);
+        return NULL;
+    }
+    return made;  /* ours: `kinds` may drop its reference at any time */
 }
 
 /* The payload bits of a kind as a C integer; -1 when no entry may have them (negative, or
@@ -216,7 +239,7 @@ static int one_entry(Cursor *c, PyObject *body, PyObject *out, PyObject *kinds,
     if (name1 - name0 == 12 && memcmp(c->s + name0, "__metadata__", 12) == 0) {
         return 0;
     }
-    PyObject *kind = NULL;
+    PyObject *kind = NULL;  /* borrowed from the cache, which holds a reference */
     for (int i = 0; i < RECENT && kind == NULL; i++) {
         if (c->kind[i] != NULL && c->kind1[i] - c->kind0[i] == dims1 - dt0 &&
             memcmp(c->s + c->kind0[i], c->s + dt0, (size_t)(dims1 - dt0)) == 0) {
@@ -228,7 +251,7 @@ static int one_entry(Cursor *c, PyObject *body, PyObject *out, PyObject *kinds,
         if (kind == NULL) {
             return -1;
         }
-        c->kind[c->next] = kind;
+        Py_XSETREF(c->kind[c->next], kind);  /* the cache takes kind_for's reference */
         c->kind0[c->next] = dt0;
         c->kind1[c->next] = dims1;
         c->next = (c->next + 1) % RECENT;
@@ -291,17 +314,19 @@ static PyObject *scan_entries(PyObject *self, PyObject *args) {
     if (out == NULL) {
         return NULL;
     }
-    int last = 0;
-    while (!last) {
-        int got = one_entry(&c, text, out, kinds, kind_of, info_type, &last);
+    int last = 0, got = 1;
+    while (!last && got > 0) {
+        got = one_entry(&c, text, out, kinds, kind_of, info_type, &last);
+    }
+    for (int i = 0; i < RECENT; i++) {
+        Py_XDECREF(c.kind[i]);
+    }
+    if (got <= 0) {
+        Py_DECREF(out);
         if (got < 0) {
-            Py_DECREF(out);
             return NULL;
         }
-        if (got == 0) {
-            Py_DECREF(out);
-            Py_RETURN_NONE;
-        }
+        Py_RETURN_NONE;
     }
     return out;
 }

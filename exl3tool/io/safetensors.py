@@ -335,14 +335,32 @@ def _chunk_entries(
     return list(zip(names, map(tuple.__new__, repeat(TensorInfo), fields), strict=True))
 
 
+MAX_NUMEL = 2**64 - 1
+
+
+def shape_numel(shape: list[int] | tuple[int, ...]) -> int | None:
+    """The element count of non-negative dimensions, multiplied left to right as the reference
+    reader multiplies them (checked 64-bit products): None once a partial product passes
+    2^64 - 1, which it refuses even when a later dimension is 0. Bounded work: 10^5 dimensions
+    of 2^48 would otherwise make a product of a million digits, quadratically."""
+    n = 1
+    for d in shape:
+        n *= d
+        if n > MAX_NUMEL:
+            return None
+    return n
+
+
 def _kind(dtype: str, dims: str) -> tuple[str, tuple[int, ...], int]:
     """(dtype, shape, payload bits) shared by every entry of that dtype and shape; -1 bits
-    when no entry may have them (unknown dtype, a dimension beyond 2^48)."""
+    when no entry may have them (unknown dtype, a dimension beyond 2^48, a count that
+    overflows)."""
     shape = tuple(int(d) for d in dims.split(",")) if dims else ()
     bits = BITS.get(dtype)
-    if bits is None or any(d > MAX_INT48 for d in shape):
+    numel = shape_numel(shape) if not any(d > MAX_INT48 for d in shape) else None
+    if bits is None or numel is None:
         return dtype, shape, -1
-    return next(k for k in BITS if k == dtype), shape, math.prod(shape) * bits
+    return next(k for k in BITS if k == dtype), shape, numel * bits
 
 
 def _round_trip(text: str) -> _Fast | None:
@@ -392,8 +410,8 @@ def _round_trip(text: str) -> _Fast | None:
         begin, end = offsets
         if type(begin) is not int or type(end) is not int or not 0 <= begin <= end <= MAX_INT48:
             return None
-        n = math.prod(shape) * bits
-        if n % 8 or n >> 3 != end - begin:
+        numel = shape_numel(shape)
+        if numel is None or numel * bits % 8 or numel * bits >> 3 != end - begin:
             return None
         out[name] = TensorInfo(name, dtype, tuple(shape), begin, end)
     return out, (None if meta is _ABSENT else meta)
@@ -453,9 +471,19 @@ def _entry(name: str, entry: object, label: str, findings: Findings) -> TensorIn
         ok = False
     if not ok:
         return None
-    numel = math.prod(shape)
-    bits = numel * BITS[dtype]
+    numel = shape_numel(shape)
     length = offsets[1] - offsets[0]
+    if numel is None:
+        findings.add(
+            rules.ST_SIZE,
+            f"the element count of shape {_shown_shape(shape)} passes 2^64 - 1 (safetensors "
+            "refuses it)",
+            file=label,
+            tensor=shown,
+            pointer=ptr + "/shape",
+        )
+        return None
+    bits = numel * BITS[dtype]
     if bits % 8 or bits // 8 != length:
         findings.add(
             rules.ST_SIZE,
@@ -466,6 +494,12 @@ def _entry(name: str, entry: object, label: str, findings: Findings) -> TensorIn
         )
         return None
     return TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])
+
+
+def _shown_shape(shape: list[int]) -> str:
+    """A shape for a message: at most 8 dimensions, then how many more."""
+    head = ", ".join(map(str, shape[:8]))
+    return f"[{head}, … {len(shape) - 8} more]" if len(shape) > 8 else f"[{head}]"
 
 
 def _bytes_text(bits: int) -> str:

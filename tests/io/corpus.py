@@ -191,6 +191,12 @@ CORPUS: list[Defect] = [
         lambda: one({**F32_4, "shape": [2**40, 2**40]}),
     ),
     Defect(
+        "numel-overflow-then-zero",
+        "shape whose partial element count overflows 64 bits before a 0 dimension",
+        "ST013",
+        lambda: one({**F32_4, "shape": [2**40, 2**40, 0], "data_offsets": [0, 0]}, b""),
+    ),
+    Defect(
         "gap",
         "8 unused bytes between two tensors",
         "ST014",

@@ -217,3 +217,26 @@ def test_a_header_of_many_tensors() -> None:
     got = _agree(text)
     assert got is not None and len(got[0]) == 20000
     assert json.loads(text).keys() == got[0].keys()
+
+
+@needs_native
+@pytest.mark.parametrize("junk", [[1, 2, 3], 5, ("U8", (2,), "16"), ("U8", (2,))])
+def test_a_kinds_map_filled_with_junk_is_refused(junk: object) -> None:
+    # what `kinds` already holds is checked like what kind_of returns (a 3-tuple, int bits)
+    text = _header(_entry("a"))
+    with pytest.raises(TypeError, match="kind_of"):
+        native(text, 1, {'U8","shape":[2': junk}, stmod._kind, TensorInfo)  # type: ignore[misc]
+
+
+@needs_native
+def test_kind_of_may_empty_the_kinds_map_mid_scan() -> None:
+    # the scan keeps its own references to the kinds it caches: kind_of is arbitrary code
+    kinds: dict = {}
+
+    def kind_of(dtype: str, dims: str) -> tuple:
+        kinds.clear()
+        return stmod._kind(dtype, dims)
+
+    entries = [_entry("a"), _entry("b", "U8", "3", 2, 5), _entry("c", b=5, e=7)]
+    got = native(_header(*entries), 1, kinds, kind_of, TensorInfo)  # type: ignore[misc]
+    assert got == {n: t for n, t in _python_scan(_header(*entries))[0].items()}  # type: ignore[index]

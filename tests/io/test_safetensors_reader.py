@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import struct
 import tempfile
@@ -336,3 +337,15 @@ def test_compact_scan_in_chunks(parts: list[str], chunk: int, d: st.DataObject) 
         assert got is None
     elif not any("]}," in n for n in names):  # no name a cut can fall in
         assert got is not None
+
+
+def test_a_shape_of_many_huge_dimensions_is_refused_without_a_huge_product() -> None:
+    # the reference reader multiplies with checked 64-bit products, left to right; a product
+    # of 10^5 dimensions of 2^48 would have millions of digits (minutes of work)
+    dims = [2**48 - 1] * 100_000 + [0]
+    assert stmod.shape_numel(dims) is None
+    assert stmod.shape_numel([2**32, 2**32 - 1, 0]) == 0
+    header = f'{{"w":{{"dtype":"U8","shape":{json.dumps(dims)},"data_offsets":[0,0]}}}}'
+    raw = header.encode().ljust(-(-len(header) // 8) * 8)
+    _, fs = _parse(struct.pack("<Q", len(raw)) + raw)
+    assert fs.codes() == {"ST013"} and "passes 2^64 - 1" in next(iter(fs)).message
