@@ -291,14 +291,6 @@ def _missing_tensor(findings: Findings, name: str, label: str) -> None:
     )
 
 
-def _maps_exactly(wm: dict[str, str], ckpt: Checkpoint) -> bool:
-    """Whether the weight_map names exactly the loaded tensors, each in the shard that holds
-    it: then no entry of it is CK004 (set operations in C; the per-entry loop is the rest)."""
-    if wm.keys() != ckpt.tensors.keys():
-        return False
-    return all(set(map(wm.__getitem__, st.tensors)) <= {label} for label, st in ckpt.shards.items())
-
-
 def _load_indexed(
     ckpt: Checkpoint, present: list[str], findings: Findings, ahead: ReadAhead
 ) -> None:
@@ -363,11 +355,10 @@ def _load_indexed(
     if not ckpt.rejected_files and not ckpt.damaged_shards:  # the usual case, one lookup each
         held = {label: st.tensors for label, st in ckpt.shards.items()}
         before = len(findings)
-        if not _maps_exactly(wm, ckpt):
-            for name, label in wm.items():
-                names = held.get(label)
-                if names is not None and name not in names:
-                    _missing_tensor(findings, name, label)
+        for name, label in wm.items():
+            names = held.get(label)
+            if names is not None and name not in names:
+                _missing_tensor(findings, name, label)
         covered = len(findings) == before and held.keys() >= mapped
     else:
         _reject_tensors(ckpt, wm, findings)
