@@ -41,7 +41,8 @@ json_values = st.recursive(
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 LEGAL = {
-    "assembly": lambda v: isinstance(v, str) and bool(_LABEL.match(v)),  # row 2
+    # row 2, read as the runtime reads it: _LABEL_RE.fullmatch(str(value)) (20261204 passes)
+    "assembly": lambda v: not isinstance(v, dict | list) and bool(_LABEL.fullmatch(str(v))),
     "num_tensors": lambda v: type(v) is int and v >= 1,  # row 16 (the count needs the shards)
     # row 17: non-empty unique ints >= 0 (equal to the experts of the keys: a tensor rule)
     "selected_experts": lambda v: (
