@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import struct
+import sysconfig
 
 import numpy as np
 import pytest
@@ -23,9 +25,18 @@ except ImportError:  # the one test below fails; the others have nothing to test
     native = None
 
 
+def _c_compiler() -> str | None:
+    """The compiler setup.py builds extensions with, when this machine has it."""
+    cc = (sysconfig.get_config_var("CC") or "cc").split()
+    return shutil.which(cc[0]) if cc else None
+
+
 def test_the_native_scan_is_built() -> None:
-    """`make install` compiles it (setup.py); a build without it is ~4x slower on 10^5 tensors."""
-    assert native is not None, "exl3tool.io._header_scan is missing: rebuild with a C compiler"
+    """`make install` compiles it (setup.py) wherever a C compiler is; without one the install
+    goes on with the Python scan (the same results, slower), and there is nothing to test."""
+    if native is None and _c_compiler() is None:
+        pytest.skip("no C compiler on this machine: the Python scan runs")
+    assert native is not None, "exl3tool.io._header_scan is missing: rebuild (make clean install)"
 
 
 needs_native = pytest.mark.skipif(native is None, reason="not built (the test above fails)")
