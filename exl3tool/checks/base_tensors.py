@@ -53,7 +53,9 @@ def check_tensors(
     _check_uniform_k(seen, k, findings)
     if not ckpt.incomplete:
         _check_layer_fields(tail, sorted(seen.layers), findings)
-    epl = tail.get("experts_per_layer")
+    raw = tail.get("experts_per_layer")
+    # the schema's "integer" also takes an integral float (4.0, 1e300): held to the layers too
+    epl = int(raw) if type(raw) is float and raw.is_integer() else raw
     experts = epl if type(epl) is int else n_experts
     check_routers(ckpt, sorted(seen.layers), experts, hidden, rule=mb.MB_ROUTER, findings=findings)
     if type(epl) is int:
@@ -62,7 +64,7 @@ def check_tensors(
             if len(es) != epl or not all(0 <= e < epl for e in es):
                 findings.add(
                     mb.MB_EXPERTS,
-                    f"layer {layer} holds experts {sorted(es)}, experts_per_layer is {epl}",
+                    f"layer {layer} holds experts {sorted(es)}, experts_per_layer is {raw!r}",
                     file="config.json",
                     tensor=f"model.layers.{layer}.mlp.experts",
                     pointer=PTR + "/experts_per_layer",

@@ -95,6 +95,7 @@ CASES = [
     ("moe-layers", "MB003", tail("moe_layers", [3, 5])),
     ("coverage", "MB003", tail("moe_layer_coverage", [3])),
     ("experts", "MB004", tail("experts_per_layer", 5)),
+    ("experts-float", "MB004", tail("experts_per_layer", 1e300)),  # "integer" to the schema
     ("rank1", "MB005", shard(rename_rank1)),
     (
         "no-rank",
