@@ -422,9 +422,8 @@ def build_plan(ckpt: Checkpoint, kind: Kind, opts: PlanOptions) -> BootPlan:
 
         full_rank = kind is Kind.MSRT_BASE  # rank0 holds whole experts each rank slices
         check_tp_slices(ckpt, trellises(ckpt.tensors, full_rank=full_rank), opts.tp, findings)
-    tail = (ckpt.config or {}).get("hybrid_tr3_tail") if isinstance(ckpt.config, dict) else None
-    parsed = config_tail(ckpt.config)  # its tp as the runtime reads it (int(): "2" is 2)
-    if ctx.kept and ctx.tail_sliced and parsed is not None and parsed.tp != opts.tp:
+    tail = config_tail(ckpt.config)  # its tp as the runtime reads it (int(): "2" is 2)
+    if ctx.kept and ctx.tail_sliced and tail is not None and tail.tp != opts.tp:
         findings.add(r7_rules.RS_TP, f"checkpoint tp {tail.get('tp')!r}, --tp {opts.tp}: the "
                      "runtime refuses to load the tail", file="config.json",
                      pointer="/hybrid_tr3_tail/tp")  # fmt: skip

@@ -83,7 +83,7 @@ def schema_findings(manifest: Any, rep: _Reporter) -> None:
         # the runtime's only reading of it: _LABEL_RE.fullmatch(str(config.get("assembly"))),
         # so 20261204 passes as the label "20261204" (and 1.5 fails as "1.5")
         value = manifest["assembly"]
-        if not isinstance(value, str) and not isinstance(value, dict | list):
+        if not isinstance(value, str | dict | list):
             manifest = {**manifest, "assembly": str(value)}
     errors = sorted(
         validator().iter_errors(manifest), key=lambda e: list(map(str, e.absolute_path))

@@ -1,5 +1,6 @@
 """The compact header scan in C (native/header_scan.c) against the Python scan and the full
-checks: it takes exactly what they accept as clean, and gives back exactly their entries."""
+checks: it takes every header the Python scan takes, whatever it takes the full checks accept
+without a finding, and it gives back exactly their entries."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from exl3tool.rules.registry import Findings
 
 try:
     from exl3tool.io._header_scan import scan_entries as native
-except ImportError:  # the one test below fails; the others have nothing to test
+except ImportError:  # the test below says whether that is a fault; the rest skip
     native = None
 
 
