@@ -3,6 +3,7 @@ of the same files (`cp`, then `sync` of the copies), in the same run (warm page 
 and the slicer's peak RSS.
 
     python benchmarks/bench_slice.py [--dir /var/tmp/bench-slice] [--gb 4] [--repeat 3] [--keep]
+                                     [--bytecode]
 
 Per TP size, `--repeat` rounds of: cp + sync (timed), then the slice (timed); every output is
 removed and `sync`ed before the next command, so each starts with no dirty pages. The slice
@@ -10,7 +11,9 @@ includes everything its manifest needs (per-file blake3 and the source's blake3 
 and its atomic publish fsyncs every output file, so its reference is the durable copy. Prints
 the medians: seconds, CPU seconds, source GB/s, the ratio to the durable copy (issue 17 target
 >= 0.95; the median of the per-round ratios t_cp+sync / t_slice, and the rounds), the ratio to
-the plain cp, and the peak RSS of the slicing process (target < 500 MB).
+the plain cp, and the peak RSS of the slicing process (target < 500 MB). `--bytecode`: the slices
+run from compiled modules, as an installed package does (where PYTHONDONTWRITEBYTECODE is set, a
+checkout otherwise compiles every module at each start).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from as_installed import HELP, bytecode_state, use_bytecode
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -72,6 +77,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tp", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--bytecode", action="store_true", help=HELP)
     ap.add_argument("--build-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.build_only is not None:
@@ -87,8 +93,20 @@ def main() -> None:
         )  # fmt: skip
     shards = sorted(src.glob("*.safetensors"))
     size = sum(p.stat().st_size for p in shards)
-    print(f"source: {size / 1e9:.2f} GB in {len(shards)} shards ({os.cpu_count()} cores)")
     subprocess.run(["cat", *map(str, shards)], stdout=subprocess.DEVNULL, check=True)  # warm
+    if args.bytecode:  # the children inherit it; an untimed slice fills the cache
+        use_bytecode(args.dir / ".pycache")
+        warm = args.dir / "warm-up"
+        clean(warm)
+        subprocess.run(
+            [sys.executable, "-m", "exl3tool", "slice", str(src), "--tp", "2", "-o", str(warm)],
+            check=True, env=_env(), stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        clean(warm)
+    print(
+        f"source: {size / 1e9:.2f} GB in {len(shards)} shards ({os.cpu_count()} cores), "
+        f"bytecode cache {bytecode_state()}"
+    )
     for tp in args.tp:
         cp_t, sync_t, sl_t, sl_cpu, cp_cpu, ratios, rss = [], [], [], [], [], [], 0
         for _ in range(args.repeat):
