@@ -35,11 +35,15 @@ EARLY_MIN_BYTES = 256 << 20  # below this the forks cost more than the overlap s
 EARLY_MAX_FILES = 4096
 HEADER_MAX = 4 << 20  # a larger header (~40,000+ tensors) is left to the engine: each worker
 # holds the spans of the shard it hashes, and this bounds them to a few MB
-# Hashing ahead pays where the headers are a good part of the run: blake3. sha256 hashes ~1.5 GB/s
-# a core, so the headers' share is small, and the workers' own costs (forks, a lease and an open
-# per chunk: +0.11 s of CPU on 4 GB) exceed it on 2 cores: GLM mix 1.542 vs 1.505 s paired
-# (2.7 % slower; the Qwen3 mix 1.5 % faster), 16 cores 0.79x of 16 x hashlib either way.
+# Hashing ahead pays where the headers are a good part of the run: blake3 always. sha256 hashes
+# ~1.5 GB/s a core, so on few cores the headers' share is small, and the workers' own costs
+# (forks, a lease and an open per chunk: +0.11 s of CPU on 4 GB) exceed it: 2 cores, GLM mix
+# 1.542 vs 1.505 s paired (2.7 % slower; the Qwen3 mix 1.5 % faster). With many workers the
+# serial headers are the larger share: 16 cores, Qwen3 mix of 16 GB, 2.002 vs 2.170 s median
+# (6 pairs, `benchmarks/ab.py`; the GLM mix 0.79x of 16 x hashlib either way).
 AHEAD_ALGOS = ("blake3",)
+AHEAD_MANY_ALGOS = ("sha256",)  # hashed ahead from MANY_WORKERS workers on
+MANY_WORKERS = 8
 MAX_UNITS = 1 << 16  # chunks of all shards (2 TiB); a larger artifact is left to the engine
 SPARSE = 8  # a shard with under 1/SPARSE of its size allocated on disk is left to the engine
 MAX_DIGESTS = 1 << 19  # this process keeps no more (~200 bytes each); the engine hashes the rest
@@ -126,12 +130,12 @@ class EarlyDigests:
 
 def start(path: Path, algo: str, threads: int | None) -> EarlyDigests | None:
     """Workers hashing the shards of the artifact at `path` ahead, or None where that cannot
-    pay (one thread, a small artifact, sha256: AHEAD_ALGOS) or cannot be done (no fork; torch
+    pay (one thread, a small artifact, sha256 on few cores: `_pays`) or cannot be done (no fork; torch
     loaded; EXL3TOOL_NO_FORK or EXL3TOOL_NO_EARLY set)."""
     workers = max(1, threads or engine.default_threads())
     if workers < 2 or os.environ.get("EXL3TOOL_NO_EARLY") or os.environ.get("EXL3TOOL_NO_FORK"):
         return None
-    if algo not in AHEAD_ALGOS:
+    if not _pays(algo, workers):
         return None
     if not forkpool.available() or engine.fork_unsafe():
         return None
@@ -144,6 +148,11 @@ def start(path: Path, algo: str, threads: int | None) -> EarlyDigests | None:
         return EarlyDigests(shards, engine.check_algo(algo), workers)
     except OSError:  # no process or pipe left: the engine alone
         return None
+
+
+def _pays(algo: str, workers: int) -> bool:
+    """Whether hashing `algo` ahead with `workers` workers can gain more than it costs."""
+    return algo in AHEAD_ALGOS or (algo in AHEAD_MANY_ALGOS and workers >= MANY_WORKERS)
 
 
 def _shards(path: Path) -> list[tuple[Path, int]]:

@@ -340,6 +340,9 @@ def test_nothing_is_started_where_it_cannot_pay(
     assert early.start(ck, "blake3", 1) is None  # one thread
     monkeypatch.setattr(early, "AHEAD_ALGOS", ("blake3",))  # the default
     assert early.start(ck, "sha256", 2) is None  # sha256: the headers are too small a share
+    many = early.start(ck, "sha256", early.MANY_WORKERS)  # unless many workers hash the rest
+    assert many is not None
+    many.stop()
     monkeypatch.setenv("EXL3TOOL_NO_EARLY", "1")
     assert early.start(ck, "blake3", 2) is None
     monkeypatch.delenv("EXL3TOOL_NO_EARLY")
