@@ -6,7 +6,7 @@ STAMP := .install.stamp
 
 # torch: take the CPU build on disk (2.13) when no torch is importable, so that the
 # `runtime` extra's range never pulls a multi-GB CUDA build. The core install has no torch.
-$(STAMP): pyproject.toml setup.py native/header_scan.c
+$(STAMP): pyproject.toml setup.py native/header_scan.c native/spans.c
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==2.13.0"
 	$(PIP) install -q -e ".[dev,plot,runtime]"
 	@touch $(STAMP)
@@ -32,4 +32,4 @@ docs: install
 	$(PYTHON) -m exl3tool.docs_gen
 
 clean:
-	rm -rf $(STAMP) build dist *.egg-info demo-out exl3tool/io/_header_scan*.so
+	rm -rf $(STAMP) build dist *.egg-info demo-out exl3tool/io/_header_scan*.so exl3tool/io/_spans*.so

@@ -54,10 +54,12 @@ def contents(wheel: Path, source: Path = ROOT) -> None:
     }
     missing = sorted(shipped - names)
     assert not missing, f"not in the wheel: {missing}"
-    # native/header_scan.c, compiled wherever setup.py found a C compiler (else the Python scan)
-    native = any(re.fullmatch(r"exl3tool/io/_header_scan\..*\.so", n) for n in names)
+    # native/*.c, compiled wherever setup.py found a C compiler (else the Python code runs)
+    built = [m for m in ("_header_scan", "_spans")
+             if any(re.fullmatch(rf"exl3tool/io/{m}\..*\.so", n) for n in names)]  # fmt: skip
+    native = len(built) == 2
     cc = (sysconfig.get_config_var("CC") or "cc").split()
-    assert native or not (cc and shutil.which(cc[0])), "a C compiler is here, the scan is not built"
+    assert native or not (cc and shutil.which(cc[0])), f"a C compiler is here, built only {built}"
     requires = meta.get_all("Requires-Dist") or []
     core = [r for r in requires if "extra ==" not in r]
     assert not [r for r in core if re.match(r"(torch|exllamav3|triton)\b", r)], core
@@ -65,7 +67,7 @@ def contents(wheel: Path, source: Path = ROOT) -> None:
               ("runtime", "cuda")}  # fmt: skip
     assert any(r.startswith("torch") for r in extras["runtime"]), extras
     assert any(r.startswith("exllamav3==") for r in extras["cuda"]), extras
-    scan = "the C header scan" if native else "no C compiler: the Python header scan"
+    scan = "the C modules" if native else "no C compiler: the Python code"
     print(f"wheel: {len(names)} files, {scan}, core requires {', '.join(core)}")
 
 

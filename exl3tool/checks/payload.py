@@ -7,6 +7,7 @@ off; smaller scans test the exponent bits with Python integers, with the same re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from exl3tool.formats.checkpoint import TensorRef
+from exl3tool.io import native
 from exl3tool.io.safetensors import MAX_HEADER, FileStamp, SafetensorsFile
 from exl3tool.io.views import TensorReader
 from exl3tool.rules.registry import Findings
@@ -138,6 +140,13 @@ _SPAN = re.compile(
     rb'"dtype":"(I32|F16|F32)","shape":\[[0-9,]*\],"data_offsets":\[([0-9]{1,15}),([0-9]{1,15})\]'
 )
 _FACT_DTYPES = {b"I32": "I32", b"F16": "F16", b"F32": "F32"}
+# native/spans.c: the match-and-filter loop of `fact_reads` in C (absent without a C compiler,
+# unused with EXL3TOOL_PURE_SCAN=1).
+_native_fact_spans: Callable[[bytes, int, int], tuple[list[tuple[int, int]], list[str]]] | None
+_native_fact_spans = None
+if native.ENABLED:
+    with contextlib.suppress(ImportError):
+        from exl3tool.io._spans import fact_spans as _native_fact_spans
 
 
 @dataclass(frozen=True)
@@ -169,8 +178,11 @@ def fact_reads(path: Path, label: str) -> FactReads | None:
         raw = fh.read(n)
     shard = SafetensorsFile(path, label, st.st_size, n, FileStamp.of(st))
     room = st.st_size - shard.data_start
-    spans: list[tuple[int, int]] = []
-    dtypes: list[str] = []
+    if _native_fact_spans is not None:  # the same spans, one pass in C
+        spans, dtypes = _native_fact_spans(raw, room, FACTS_MAX_VECTOR)
+        return FactReads(shard, spans, dtypes)
+    spans = []
+    dtypes = []
     for dtype, begin, end in _SPAN.findall(raw):
         b, e = int(begin), int(end)
         # not the trellis, inside the file; a marker or a vector

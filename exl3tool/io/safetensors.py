@@ -20,6 +20,7 @@ from operator import itemgetter, lshift, sub
 from pathlib import Path
 from typing import NamedTuple
 
+from exl3tool.io import native
 from exl3tool.io.dtypes import BITS
 from exl3tool.io.gcpause import paused_gc
 from exl3tool.io.strict_json import has_lone_surrogate, raw_decode, walk_issues
@@ -29,7 +30,7 @@ from exl3tool.rules.registry import Findings
 # native/header_scan.c: the compact scan in C. Absent when the package was built without a C
 # compiler; EXL3TOOL_PURE_SCAN=1 leaves it unused (the same results, to compare or rule it out).
 _native_scan: Callable[..., dict[str, TensorInfo] | None] | None = None
-if os.environ.get("EXL3TOOL_PURE_SCAN", "0") in ("", "0"):
+if native.ENABLED:
     with contextlib.suppress(ImportError):
         from exl3tool.io._header_scan import scan_entries as _native_scan
 

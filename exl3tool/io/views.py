@@ -16,9 +16,17 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from exl3tool.io import native
 from exl3tool.io.dtypes import numpy_dtype
 from exl3tool.io.safetensors import FileStamp, SafetensorsFile, TensorInfo
 from exl3tool.rules.errors import InputError
+
+# native/spans.c: `gather`'s packing in C (the same bytes and positions; absent without a C
+# compiler, unused with EXL3TOOL_PURE_SCAN=1).
+_native_gather = None
+if native.ENABLED:
+    with contextlib.suppress(ImportError):
+        from exl3tool.io._spans import gather as _native_gather
 
 if TYPE_CHECKING:  # numpy is imported by `array()` only: hashing never needs it
     import numpy as np
@@ -215,6 +223,12 @@ class TensorReader:
         GATHER_GAP are read with one pread."""
         f = self._map(st)
         base = st.data_start
+        got = _native_gather(f._fileno(), base, spans, GATHER_GAP) if _native_gather else None
+        if got is not None:
+            data, pos, short = got
+            for offset, n, at in short:  # the file gave less: read again, InputChanged if so
+                f.read_into(memoryview(data)[at : at + n], offset)
+            return data, pos
         order = sorted(range(len(spans)), key=spans.__getitem__)
         runs: list[list[int]] = []  # [begin, end] of each pread, relative to the data section
         run_of = [0] * len(spans)
