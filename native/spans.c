@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -130,11 +131,17 @@ PyDoc_STRVAR(fact_spans_doc,
 
 static PyObject *fact_spans(PyObject *self, PyObject *args) {
     Py_buffer raw;
-    long long room, max_vector;
+    PyObject *room_obj, *most_obj;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*LL", &raw, &room, &max_vector)) {
+    if (!PyArg_ParseTuple(args, "y*O!O!", &raw, &PyLong_Type, &room_obj, &PyLong_Type, &most_obj)) {
         return NULL;
     }
+    /* offsets are < 10^15: a bound past the long long range compares as its end */
+    int o1 = 0, o2 = 0;
+    long long room = PyLong_AsLongLongAndOverflow(room_obj, &o1);
+    long long max_vector = PyLong_AsLongLongAndOverflow(most_obj, &o2);
+    room = o1 > 0 ? LLONG_MAX : o1 < 0 ? LLONG_MIN : room;
+    max_vector = o2 > 0 ? LLONG_MAX : o2 < 0 ? LLONG_MIN : max_vector;
     const char *s = raw.buf;
     Py_ssize_t n = raw.len;
     PyObject *spans = PyList_New(0);
@@ -261,10 +268,12 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     if (base < 0 || base > MAX_OFFSET || gap < 0 || gap > MAX_OFFSET) {
         Py_RETURN_NONE;
     }
-    PyObject *seq = PySequence_Fast(spans_obj, "spans: a sequence");
-    if (seq == NULL) {
-        return NULL;
+    /* Python indexes `spans` (len, __getitem__, zip): only an exact list or tuple is read
+     * the same way here; anything else (generator, set, dict, subclass) is Python's. */
+    if (!PyList_CheckExact(spans_obj) && !PyTuple_CheckExact(spans_obj)) {
+        Py_RETURN_NONE;
     }
+    PyObject *seq = Py_NewRef(spans_obj);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     Span *sp = PyMem_Malloc(sizeof(Span) * (size_t)(n ? n : 1));
     long long *run_begin = PyMem_Malloc(sizeof(long long) * (size_t)(n ? n : 1));

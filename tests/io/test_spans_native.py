@@ -113,7 +113,14 @@ def test_fact_spans_of_a_written_header(tmp_path: Path) -> None:
     ],
 )
 def test_fact_spans_cases(raw: bytes) -> None:
-    for room, most in ((ROOM, payload.FACTS_MAX_VECTOR), (10, 4), (0, 1 << 20)):
+    limits = (
+        (ROOM, payload.FACTS_MAX_VECTOR),
+        (10, 4),
+        (0, 1 << 20),
+        (2**63, 2**70),
+        (-(2**64), 4),
+    )
+    for room, most in limits:
         assert native.fact_spans(raw, room, most) == _python_spans(raw, room, most)
 
 
@@ -241,6 +248,13 @@ def test_gather_declines_what_python_reads_its_own_way(shard) -> None:
             assert native.gather(fd, shard.data_start, spans, GATHER_GAP) is None
         assert native.gather(fd, -1, [(0, 4)], GATHER_GAP) is None
         assert native.gather(fd, shard.data_start, [(0, 2**41)], GATHER_GAP) is None  # too big
+
+        class Spans(list):  # indexed by Python, iterated by C: read as Python reads it
+            def __getitem__(self, i):  # type: ignore[no-untyped-def]
+                return (0, 8)
+
+        for odd in (((0, 4) for _ in range(1)), {(0, 4)}, {(0, 4): 1}, Spans([(100, 104)])):
+            assert native.gather(fd, shard.data_start, odd, GATHER_GAP) is None
         data, pos, short = native.gather(fd, shard.data_start, [], GATHER_GAP)
         assert (data, pos, short) == (bytearray(), [], [])
     finally:
