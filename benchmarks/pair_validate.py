@@ -1,11 +1,11 @@
 """`exl3tool validate --no-hash` of this checkout and of other trees, run alternately (paired).
 
-    python benchmarks/pair_validate.py DIR [--tree NAME=PATH ...] [--env NAME=VAR=VALUE ...]
+    python benchmarks/pair_validate.py DIR [--tree NAME=PATH ...] [--env NAME=VAR=VALUE[,VAR=VALUE] ...]
                                        [--rounds 12] [--format text|json]
 
 Each round runs every variant once, in turn, as a fresh process; the first round is a warm-up.
 A tree is another checkout of exl3tool (`git worktree add /tmp/old REV`), put first on
-PYTHONPATH; `--env` runs this checkout with one more environment variable (e.g.
+PYTHONPATH; `--env` runs this checkout with more environment variables (e.g.
 `pure=EXL3TOOL_PURE_SCAN=1`). Prints the median and least wall seconds of each variant. Paired
 rounds compare code on a machine whose speed drifts (the 2-core VM's floor moved 15 % within
 one session).
@@ -25,7 +25,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
     ap.add_argument("--tree", action="append", default=[], help="NAME=PATH of another checkout")
-    ap.add_argument("--env", action="append", default=[], help="NAME=VAR=VALUE for this checkout")
+    ap.add_argument(
+        "--env", action="append", default=[], help="NAME=VAR=VALUE[,VAR=VALUE] for this checkout"
+    )
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--format", default="text", choices=("text", "json"))
     args = ap.parse_args()
@@ -34,8 +36,8 @@ def main() -> int:
         name, path = spec.split("=", 1)
         variants[name] = {"PYTHONPATH": path}
     for spec in args.env:
-        name, var, value = spec.split("=", 2)
-        variants[name] = {var: value}
+        name, pairs = spec.split("=", 1)
+        variants[name] = dict(kv.split("=", 1) for kv in pairs.split(","))
     argv = [sys.executable, "-m", "exl3tool", "validate", "--no-hash", "--format", args.format]
     times: dict[str, list[float]] = {k: [] for k in variants}
     for i in range(args.rounds + 1):

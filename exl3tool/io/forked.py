@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from exl3tool.io.forking import fork_held, release_in_child
+from exl3tool.io.heap import keep_freed_memory
 
 T = TypeVar("T")
 TIMEOUT_S = 120.0  # of silence while the parent waits: it then runs the function itself
@@ -63,6 +64,7 @@ class Forked(Generic[T]):
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 release_in_child(mask)
                 os.close(r)
+                keep_freed_memory()  # it exits when done: reuse freed buffers, no faults
                 data = pickle.dumps(self._fn(), protocol=pickle.HIGHEST_PROTOCOL)
                 view = memoryview(data)
                 while view:

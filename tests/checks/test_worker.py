@@ -58,6 +58,17 @@ def test_value_comes_from_the_child_and_the_child_is_reaped() -> None:
     assert _reaped(pid)
 
 
+@needs_fork
+def test_the_child_keeps_freed_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child (and only it) asks malloc to keep freed blocks (io/heap.py)."""
+    calls: list[int] = []
+    monkeypatch.setattr(worker, "keep_freed_memory", lambda: calls.append(os.getpid()))
+    with Forked(lambda: list(calls), parallel=True) as work:
+        pid = work._pid
+        assert work.result() == [pid]
+    assert calls == []
+
+
 def test_not_parallel_runs_in_process() -> None:
     with Forked(os.getpid, parallel=False) as work:
         assert work._pid == 0
