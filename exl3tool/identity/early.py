@@ -39,8 +39,9 @@ HEADER_MAX = 4 << 20  # a larger header (~40,000+ tensors) is left to the engine
 # ~1.5 GB/s a core, so on few cores the headers' share is small, and the workers' own costs
 # (forks, a lease and an open per chunk: +0.11 s of CPU on 4 GB) exceed it: 2 cores, GLM mix
 # 1.542 vs 1.505 s paired (2.7 % slower; the Qwen3 mix 1.5 % faster). With many workers the
-# serial headers are the larger share: 16 cores, Qwen3 mix of 16 GB, 2.002 vs 2.170 s median
-# (6 pairs, `benchmarks/ab.py`; the GLM mix 0.79x of 16 x hashlib either way).
+# serial headers are the larger share. Qwen3 mix of 16 GB, hashing ahead vs not, medians of 5-6
+# pairs (`benchmarks/ab.py`, 16-core host): 4 cores 4.068 vs 3.834 s (6 % slower), 8 cores
+# 2.358 vs 2.472 s, 16 cores 2.002 vs 2.170 s (the GLM mix 0.79x of 16 x hashlib either way).
 AHEAD_ALGOS = ("blake3",)
 AHEAD_MANY_ALGOS = ("sha256",)  # hashed ahead from MANY_WORKERS workers on
 MANY_WORKERS = 8
