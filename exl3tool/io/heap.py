@@ -5,7 +5,7 @@ unmapped; a heap top past the trim threshold is trimmed), so a worker that alloc
 a few MB per shard, as validate's R7 read-ahead does (a packed read, numpy temporaries), can
 page-fault its buffers afresh for every shard. Raising both thresholds keeps freed blocks for
 reuse: in a forked child on the 2-core VM the read-ahead's packed reads and scans of a GLM-5.2
-checkpoint took 0.22 s instead of 0.55-0.70 s, and `validate` ran 12 % faster paired. The
+checkpoint took 0.22 s instead of 0.5-0.8 s, and `validate` ran 12 % faster paired. The
 effect depends on the machine (on one 16-core host pinned to 2 cores it cost 5-6 %):
 benchmarks/RESULTS.md, twenty-fourth landing.
 The worker exits when done, so nothing is held for long. A C library without `mallopt` (musl,
