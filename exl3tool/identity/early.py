@@ -43,8 +43,8 @@ HEADER_MAX = 4 << 20  # a larger header (~40,000+ tensors) is left to the engine
 # pairs (`benchmarks/ab.py`, 16-core host): 4 cores 4.068 vs 3.834 s (6 % slower), 8 cores
 # 2.358 vs 2.472 s, 16 cores 2.002 vs 2.170 s (the GLM mix 0.79x of 16 x hashlib either way).
 AHEAD_ALGOS = ("blake3",)
-AHEAD_MANY_ALGOS = ("sha256",)  # hashed ahead from MANY_WORKERS workers on
-MANY_WORKERS = 8
+AHEAD_MANY_ALGOS = ("sha256",)  # hashed ahead from MANY_CORES cores (and workers) on
+MANY_CORES = 8
 MAX_UNITS = 1 << 16  # chunks of all shards (2 TiB); a larger artifact is left to the engine
 SPARSE = 8  # a shard with under 1/SPARSE of its size allocated on disk is left to the engine
 MAX_DIGESTS = 1 << 19  # this process keeps no more (~200 bytes each); the engine hashes the rest
@@ -131,12 +131,12 @@ class EarlyDigests:
 
 def start(path: Path, algo: str, threads: int | None) -> EarlyDigests | None:
     """Workers hashing the shards of the artifact at `path` ahead, or None where that cannot
-    pay (one thread, a small artifact, sha256 on few cores: `_pays`) or cannot be done (no fork; torch
-    loaded; EXL3TOOL_NO_FORK or EXL3TOOL_NO_EARLY set)."""
+    pay (one thread, a small artifact, sha256 on few cores: `_pays`) or cannot be done (no
+    fork; torch loaded; EXL3TOOL_NO_FORK or EXL3TOOL_NO_EARLY set)."""
     workers = max(1, threads or engine.default_threads())
     if workers < 2 or os.environ.get("EXL3TOOL_NO_EARLY") or os.environ.get("EXL3TOOL_NO_FORK"):
         return None
-    if not _pays(algo, workers):
+    if not _pays(algo, min(workers, engine.default_threads())):
         return None
     if not forkpool.available() or engine.fork_unsafe():
         return None
@@ -151,9 +151,10 @@ def start(path: Path, algo: str, threads: int | None) -> EarlyDigests | None:
         return None
 
 
-def _pays(algo: str, workers: int) -> bool:
-    """Whether hashing `algo` ahead with `workers` workers can gain more than it costs."""
-    return algo in AHEAD_ALGOS or (algo in AHEAD_MANY_ALGOS and workers >= MANY_WORKERS)
+def _pays(algo: str, cores: int) -> bool:
+    """Whether hashing `algo` ahead on `cores` cores (workers on cores of their own) can gain
+    more than it costs."""
+    return algo in AHEAD_ALGOS or (algo in AHEAD_MANY_ALGOS and cores >= MANY_CORES)
 
 
 def _shards(path: Path) -> list[tuple[Path, int]]:
@@ -221,9 +222,10 @@ def _faster(cost: dict[bool, list]) -> bool:
 
 def _spans(path: Path) -> _Spans:
     """The sorted file spans of the tensors of one shard that the engine batches (1 byte to
-    `engine.batched_max()`, inside the file), found in its header by their `data_offsets` alone (twice as
-    fast as `json.loads`, and nothing needs to be proven here: a span the header does not mean
-    is a digest the engine never asks for); none if the spans add up to more than the file."""
+    `engine.batched_max()`, inside the file), found in its header by their `data_offsets`
+    alone (twice as fast as `json.loads`, and nothing needs to be proven here: a span the
+    header does not mean is a digest the engine never asks for); none if the spans add up to
+    more than the file."""
     with PayloadFile(path) as f:  # a regular file, read with pread (InputChanged if it shrank)
         size = f.size
         n = int.from_bytes(f.buffer(0, 8), "little") if size >= 8 else -1

@@ -340,9 +340,15 @@ def test_nothing_is_started_where_it_cannot_pay(
     assert early.start(ck, "blake3", 1) is None  # one thread
     monkeypatch.setattr(early, "AHEAD_ALGOS", ("blake3",))  # the default
     assert early.start(ck, "sha256", 2) is None  # sha256: the headers are too small a share
-    many = early.start(ck, "sha256", early.MANY_WORKERS)  # unless many workers hash the rest
-    assert many is not None
-    many.stop()
+    monkeypatch.setattr(engine, "default_threads", lambda: early.MANY_CORES)
+    many = early.start(ck, "sha256", early.MANY_CORES)  # unless many cores hash the rest
+    try:
+        assert many is not None
+    finally:
+        if many is not None:
+            many.stop()
+    monkeypatch.setattr(engine, "default_threads", lambda: early.MANY_CORES - 1)
+    assert early.start(ck, "sha256", early.MANY_CORES) is None  # more workers than cores
     monkeypatch.setenv("EXL3TOOL_NO_EARLY", "1")
     assert early.start(ck, "blake3", 2) is None
     monkeypatch.delenv("EXL3TOOL_NO_EARLY")
