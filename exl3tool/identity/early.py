@@ -43,7 +43,7 @@ HEADER_MAX = 4 << 20  # a larger header (~40,000+ tensors) is left to the engine
 # pairs (`benchmarks/ab.py`, 16-core host): 4 cores 4.068 vs 3.834 s (6 % slower), 8 cores
 # 2.358 vs 2.472 s, 16 cores 2.002 vs 2.170 s (the GLM mix 0.79x of 16 x hashlib either way).
 AHEAD_ALGOS = ("blake3",)
-AHEAD_MANY_ALGOS = ("sha256",)  # hashed ahead from MANY_CORES cores (and workers) on
+AHEAD_MANY_ALGOS = ("sha256",)  # hashed ahead where MANY_CORES cores or more are usable
 MANY_CORES = 8
 MAX_UNITS = 1 << 16  # chunks of all shards (2 TiB); a larger artifact is left to the engine
 SPARSE = 8  # a shard with under 1/SPARSE of its size allocated on disk is left to the engine
@@ -136,7 +136,7 @@ def start(path: Path, algo: str, threads: int | None) -> EarlyDigests | None:
     workers = max(1, threads or engine.default_threads())
     if workers < 2 or os.environ.get("EXL3TOOL_NO_EARLY") or os.environ.get("EXL3TOOL_NO_FORK"):
         return None
-    if not _pays(algo, min(workers, engine.default_threads())):
+    if not _pays(algo, engine.default_threads()):
         return None
     if not forkpool.available() or engine.fork_unsafe():
         return None
@@ -152,8 +152,8 @@ def start(path: Path, algo: str, threads: int | None) -> EarlyDigests | None:
 
 
 def _pays(algo: str, cores: int) -> bool:
-    """Whether hashing `algo` ahead on `cores` cores (workers on cores of their own) can gain
-    more than it costs."""
+    """Whether hashing `algo` ahead on a machine of `cores` usable cores can gain more than it
+    costs (the cores, not `--threads`: the workers' costs weigh where cores are few)."""
     return algo in AHEAD_ALGOS or (algo in AHEAD_MANY_ALGOS and cores >= MANY_CORES)
 
 

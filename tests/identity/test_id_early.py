@@ -348,7 +348,7 @@ def test_nothing_is_started_where_it_cannot_pay(
         if many is not None:
             many.stop()
     monkeypatch.setattr(engine, "default_threads", lambda: early.MANY_CORES - 1)
-    assert early.start(ck, "sha256", early.MANY_CORES) is None  # more workers than cores
+    assert early.start(ck, "sha256", early.MANY_CORES) is None  # --threads asks for more
     monkeypatch.setenv("EXL3TOOL_NO_EARLY", "1")
     assert early.start(ck, "blake3", 2) is None
     monkeypatch.delenv("EXL3TOOL_NO_EARLY")
