@@ -55,9 +55,10 @@ def contents(wheel: Path, source: Path = ROOT) -> None:
     missing = sorted(shipped - names)
     assert not missing, f"not in the wheel: {missing}"
     # native/*.c, compiled wherever setup.py found a C compiler (else the Python code runs)
-    built = [m for m in ("_header_scan", "_spans")
+    modules = ("_header_scan", "_spans")
+    built = [m for m in modules
              if any(re.fullmatch(rf"exl3tool/io/{m}\..*\.so", n) for n in names)]  # fmt: skip
-    native = len(built) == 2
+    native = len(built) == len(modules)
     cc = (sysconfig.get_config_var("CC") or "cc").split()
     assert native or not (cc and shutil.which(cc[0])), f"a C compiler is here, built only {built}"
     requires = meta.get_all("Requires-Dist") or []
@@ -120,6 +121,11 @@ def commands(ex: Path) -> None:
     assert ROOT not in Path(where).resolve().parents, (
         f"exl3tool imported from the checkout: {where}"
     )
+    # a compiled module the wheel ships must import (a failing one would leave the Python code
+    # running unnoticed: the package suppresses the ImportError)
+    compiled = sorted(p.name.split(".")[0] for p in Path(where).parent.joinpath("io").glob("_*.so"))
+    for name in compiled:
+        subprocess.run([sys.executable, "-c", f"import exl3tool.io.{name}"], env=env, check=True)
     r7, base, cart = ex / "r7-tiny", ex / "msrt-base-tiny", ex / "cartridge-k3k4"
     for art in (r7, base, cart):
         _run(["validate", str(art)], 0, env)

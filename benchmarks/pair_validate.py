@@ -1,14 +1,15 @@
 """`exl3tool validate --no-hash` of this checkout and of other trees, run alternately (paired).
 
-    python benchmarks/pair_validate.py DIR [--tree NAME=PATH ...] [--env NAME=VAR=VALUE[,VAR=VALUE] ...]
+    python benchmarks/pair_validate.py DIR [--tree NAME=PATH ...]
+                                       [--env NAME=VAR=VALUE[,VAR=VALUE] ...]
                                        [--rounds 12] [--format text|json]
 
 Each round runs every variant once, in turn, as a fresh process; the first round is a warm-up.
 A tree is another checkout of exl3tool (`git worktree add /tmp/old REV`), put first on
 PYTHONPATH; `--env` runs this checkout with more environment variables (e.g.
-`pure=EXL3TOOL_PURE_SCAN=1`). Prints the median and least wall seconds of each variant. Paired
-rounds compare code on a machine whose speed drifts (the 2-core VM's floor moved 15 % within
-one session).
+`pure=EXL3TOOL_PURE_SCAN=1`; several are joined by commas, so a value holds none). Prints the
+median and least wall seconds of each variant. Paired rounds compare code on a machine whose
+speed drifts (the 2-core VM's floor moved 15 % within one session).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,13 +230,11 @@ static int read_spans(PyObject *seq, Span *out, Py_ssize_t n) {
     return 1;
 }
 
-/* Fill buf[0:len) from fd at `offset`; 0 when the file gave fewer bytes (EOF or an error). */
+/* Fill buf[0:len) from fd at `offset`; 0 when the file gave fewer bytes (EOF, an error, or a
+ * signal: the caller reads the run again from Python, which runs the signal's handler). */
 static int read_fully(int fd, char *buf, long long len, long long offset) {
     while (len > 0) {
         ssize_t got = pread(fd, buf, (size_t)len, (off_t)offset);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
         if (got <= 0) {
             return 0;
         }

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from exl3tool.io.forking import fork_held, release_in_child
-from exl3tool.io.heap import keep_freed_memory
+from exl3tool.io.heap import freed_memory_keeper
 
 T = TypeVar("T")
 TIMEOUT_S = 120.0  # of silence while the parent waits: it then runs the function itself
@@ -40,16 +40,17 @@ def can_fork(threads: int | None) -> bool:
 
 
 class Forked(Generic[T]):
-    """`fn()` computed by a forked child (when `parallel`) or else by `result` itself."""
+    """`fn()` computed by a forked child (when `parallel`) or else by `result` itself.
+    `keep_freed`: the child's malloc keeps freed memory for reuse (io/heap.py)."""
 
-    def __init__(self, fn: Callable[[], T], parallel: bool) -> None:
+    def __init__(self, fn: Callable[[], T], parallel: bool, keep_freed: bool = False) -> None:
         self._fn = fn
         self._pid = 0
         self._fd = -1
         if parallel:
-            self._start()
+            self._start(freed_memory_keeper() if keep_freed else None)
 
-    def _start(self) -> None:
+    def _start(self, keep_freed: Callable[[], bool] | None) -> None:
         r, w = os.pipe()
         try:
             pid, mask = fork_held()
@@ -64,7 +65,8 @@ class Forked(Generic[T]):
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 release_in_child(mask)
                 os.close(r)
-                keep_freed_memory()  # it exits when done: reuse freed buffers, no faults
+                if keep_freed is not None:
+                    keep_freed()
                 data = pickle.dumps(self._fn(), protocol=pickle.HIGHEST_PROTOCOL)
                 view = memoryview(data)
                 while view:

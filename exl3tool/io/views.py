@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,11 @@ from exl3tool.rules.errors import InputError
 
 # native/spans.c: `gather`'s packing in C (the same bytes and positions; absent without a C
 # compiler, unused with EXL3TOOL_PURE_SCAN=1).
-_native_gather = None
+_Gather = Callable[
+    [int, int, list[tuple[int, int]], int],
+    tuple[bytearray, list[int], list[tuple[int, int, int]]] | None,
+]
+_native_gather: _Gather | None = None
 if native.ENABLED:
     with contextlib.suppress(ImportError):
         from exl3tool.io._spans import gather as _native_gather

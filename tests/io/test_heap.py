@@ -9,8 +9,9 @@ import sys
 
 def test_both_thresholds_take_on_glibc_and_nothing_breaks_elsewhere() -> None:
     code = (
-        "from exl3tool.io.heap import keep_freed_memory\n"
-        "print(keep_freed_memory())\n"
+        "from exl3tool.io.heap import freed_memory_keeper\n"
+        "keep = freed_memory_keeper()\n"
+        "print(keep is not None and keep())\n"
         "blocks = [bytearray(3 << 20) for _ in range(8)]\n"  # still allocates, frees, reuses
         "del blocks\n"
         "print(len(bytearray(40 << 20)))\n"  # past its own-mapping size

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -41,6 +43,32 @@ def test_the_native_spans_module_is_built() -> None:
 
 
 needs_native = pytest.mark.skipif(native is None, reason="not built (the test above fails)")
+# The tests that reach C through the package (views.gather, payload.fact_reads) need its hooks:
+# EXL3TOOL_PURE_SCAN=1 in the environment leaves them unset (the test below checks that).
+HOOKED = native is not None and (views._native_gather, payload._native_fact_spans) == (
+    native.gather,
+    native.fact_spans,
+)
+needs_hooks = pytest.mark.skipif(
+    not HOOKED, reason="not built, or EXL3TOOL_PURE_SCAN set: the package runs Python"
+)
+
+
+@pytest.mark.parametrize("pure", [True, False])
+def test_the_package_uses_the_compiled_loops_unless_told_not_to(pure: bool) -> None:
+    code = (
+        "import exl3tool.io.views as v, exl3tool.checks.payload as p, exl3tool.io.safetensors as s\n"
+        "print(*(f is None for f in (v._native_gather, p._native_fact_spans, s._native_scan)))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "EXL3TOOL_PURE_SCAN"}
+    if pure:
+        env["EXL3TOOL_PURE_SCAN"] = "1"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    unused = pure or native is None
+    assert out == [str(unused)] * 3
+
 
 # ---- fact_spans ------------------------------------------------------------------------------
 
@@ -62,6 +90,7 @@ def _entry(name: str, dtype: str, shape: str, b: str, e: str) -> bytes:
 
 
 @needs_native
+@needs_hooks
 def test_fact_spans_of_a_written_header(tmp_path: Path) -> None:
     """A real shard: its markers and vectors, not its trellis or its wide ints."""
     arrays = {
@@ -209,6 +238,7 @@ _SPANS = st.lists(
 
 
 @needs_native
+@needs_hooks
 @settings(max_examples=300, deadline=None)
 @given(spans=_SPANS)
 def test_gather_packs_like_python(shard, spans: list) -> None:
@@ -226,6 +256,7 @@ def test_gather_packs_like_python(shard, spans: list) -> None:
 
 
 @needs_native
+@needs_hooks
 @pytest.mark.parametrize("apart", [GATHER_GAP - 1, GATHER_GAP, GATHER_GAP + 1])
 def test_gather_merges_spans_up_to_the_gap(shard, apart: int) -> None:
     spans = [(3, 9), (9 + apart, 20 + apart), (0, 2)]
@@ -262,6 +293,7 @@ def test_gather_declines_what_python_reads_its_own_way(shard) -> None:
 
 
 @needs_native
+@needs_hooks
 def test_gather_reports_the_runs_a_file_does_not_fill(tmp_path: Path, shard) -> None:
     """Past the end of the file: the run is listed as short (zero-filled), and the reader
     then reads it again and says the input changed, as the Python code does."""
@@ -280,6 +312,7 @@ def test_gather_reports_the_runs_a_file_does_not_fill(tmp_path: Path, shard) -> 
 
 
 @needs_native
+@needs_hooks
 def test_the_read_ahead_gives_the_same_facts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
