@@ -68,10 +68,9 @@ def _dispatch(path: Path, kind: Kind, findings: Findings, options: ValidateOptio
 
         # The layer shards' small payloads and the per-layer manifests need only the files: a
         # worker forked now (while this process is small: few pages to copy on write) reads
-        # them while the checkpoint loads. It keeps the memory it frees: its per-shard buffers
-        # were page-faulted afresh (io/heap.py).
+        # them while the checkpoint loads.
         parallel = can_fork(options.threads) and _json_bytes(path) >= PREFETCH_MIN_BYTES
-        with Forked(lambda: prefetch_r7(path), parallel, keep_freed=True) as work:
+        with Forked(lambda: prefetch_r7(path), parallel) as work:
             ckpt = load_checkpoint(path, findings)
             pre = work if work.started else None
             return check_checkpoint(ckpt, kind, findings, options, prefetched=pre)

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from exl3tool.io.forking import fork_held, release_in_child
-from exl3tool.io.heap import freed_memory_keeper
 
 T = TypeVar("T")
 TIMEOUT_S = 120.0  # of silence while the parent waits: it then runs the function itself
@@ -40,17 +39,16 @@ def can_fork(threads: int | None) -> bool:
 
 
 class Forked(Generic[T]):
-    """`fn()` computed by a forked child (when `parallel`) or else by `result` itself.
-    `keep_freed`: the child's malloc keeps freed memory for reuse (io/heap.py)."""
+    """`fn()` computed by a forked child (when `parallel`) or else by `result` itself."""
 
-    def __init__(self, fn: Callable[[], T], parallel: bool, keep_freed: bool = False) -> None:
+    def __init__(self, fn: Callable[[], T], parallel: bool) -> None:
         self._fn = fn
         self._pid = 0
         self._fd = -1
         if parallel:
-            self._start(freed_memory_keeper() if keep_freed else None)
+            self._start()
 
-    def _start(self, keep_freed: Callable[[], bool] | None) -> None:
+    def _start(self) -> None:
         r, w = os.pipe()
         try:
             pid, mask = fork_held()
@@ -65,8 +63,6 @@ class Forked(Generic[T]):
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 release_in_child(mask)
                 os.close(r)
-                if keep_freed is not None:
-                    keep_freed()
                 data = pickle.dumps(self._fn(), protocol=pickle.HIGHEST_PROTOCOL)
                 view = memoryview(data)
                 while view:

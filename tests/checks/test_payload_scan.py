@@ -185,3 +185,28 @@ def test_items_of_two_shards_interleaved_are_reported_per_shard(tmp_path: Path, 
     facts = {**_facts(shards[0][0], True), **_facts(shards[1][0], False)}
     for known in (None, facts):
         assert _deferred(mixed, known) == want
+
+
+@pytest.mark.parametrize("step", [1, 7, 1 << 14])
+@pytest.mark.parametrize("size", [2, 4])
+def test_the_stepped_special_word_test_equals_the_whole_array_test(step: int, size: int) -> None:
+    """`_any_special` tests the words in steps of SCAN_WORDS (small temporaries): the same
+    answer as one whole-array test, wherever the one special word is."""
+    import numpy as np
+
+    mask = _WORD["F16" if size == 2 else "F32"][1]
+    dtype = np.uint16 if size == 2 else np.uint32
+    rng = np.random.default_rng(step * size)
+    real = payload.SCAN_WORDS
+    payload.SCAN_WORDS = step
+    try:
+        for n in (0, 1, step - 1, step, step + 1, 3 * step + 2, 40_000):
+            words = (rng.integers(0, mask, max(n, 0), dtype=np.uint64) & (mask - 1)).astype(dtype)
+            assert not payload._any_special(np, words, mask)
+            for at in {0, n // 2, n - 1} if n else ():
+                hit = words.copy()
+                hit[at] |= mask
+                assert payload._any_special(np, hit, mask) == bool(((hit & mask) == mask).any())
+                assert payload._any_special(np, hit, mask)
+    finally:
+        payload.SCAN_WORDS = real

@@ -58,38 +58,6 @@ def test_value_comes_from_the_child_and_the_child_is_reaped() -> None:
     assert _reaped(pid)
 
 
-@needs_fork
-@pytest.mark.parametrize("keep", [True, False])
-def test_the_child_keeps_freed_memory_when_asked(
-    monkeypatch: pytest.MonkeyPatch, keep: bool
-) -> None:
-    """The child (and only it) asks malloc to keep freed blocks (io/heap.py), when asked."""
-    calls: list[int] = []
-    monkeypatch.setattr(
-        worker, "freed_memory_keeper", lambda: lambda: bool(calls.append(os.getpid()))
-    )
-    with Forked(lambda: list(calls), parallel=True, keep_freed=keep) as work:
-        pid = work._pid
-        assert work.result() == ([pid] if keep else [])
-    assert calls == []
-
-
-def test_validate_asks_its_read_ahead_to_keep_freed_memory(
-    pristine: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    asked: list[bool] = []
-    real = worker.Forked
-
-    def spy(fn, parallel, keep_freed=False):  # type: ignore[no-untyped-def]
-        asked.append(keep_freed)
-        return real(fn, False)
-
-    monkeypatch.setattr(worker, "Forked", spy)
-    _fork_for_any_size(monkeypatch)
-    validate_path(pristine["r7"], ValidateOptions(hash=False))
-    assert asked == [True]
-
-
 def test_not_parallel_runs_in_process() -> None:
     with Forked(os.getpid, parallel=False) as work:
         assert work._pid == 0
@@ -253,8 +221,8 @@ def test_manifest_findings_are_the_same_forked_or_not(
     forked = []
     original_start = Forked._start
 
-    def start(self: Forked, keep_freed: object) -> None:
-        original_start(self, keep_freed)
+    def start(self: Forked) -> None:
+        original_start(self)
         forked.append(self._pid)
 
     monkeypatch.setattr(Forked, "_start", start)
