@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import struct
-import sysconfig
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from native_build import check_built
 
 from exl3tool.io import safetensors as stmod
 from exl3tool.io.safetensors import TensorInfo
@@ -26,18 +25,10 @@ except ImportError:  # the test below says whether that is a fault; the rest ski
     native = None
 
 
-def _c_compiler() -> str | None:
-    """The compiler setup.py builds extensions with, when this machine has it."""
-    cc = (sysconfig.get_config_var("CC") or "cc").split()
-    return shutil.which(cc[0]) if cc else None
-
-
 def test_the_native_scan_is_built() -> None:
     """`make install` compiles it (setup.py) wherever a C compiler is; without one the install
     goes on with the Python scan (the same results, slower), and there is nothing to test."""
-    if native is None and _c_compiler() is None:
-        pytest.skip("no C compiler on this machine: the Python scan runs")
-    assert native is not None, "exl3tool.io._header_scan is missing: rebuild (make clean install)"
+    check_built(native, "_header_scan", "the Python scan runs")
 
 
 needs_native = pytest.mark.skipif(native is None, reason="not built (the test above fails)")

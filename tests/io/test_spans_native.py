@@ -5,16 +5,15 @@ packs exactly the bytes and positions of `io.views.TensorReader.gather`, or decl
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from native_build import check_built
 
 from exl3tool.checks import payload
 from exl3tool.formats.checkpoint import load_checkpoint
@@ -29,17 +28,10 @@ except ImportError:  # the test below says whether that is a fault; the rest ski
     native = None
 
 
-def _c_compiler() -> str | None:
-    cc = (sysconfig.get_config_var("CC") or "cc").split()
-    return shutil.which(cc[0]) if cc else None
-
-
 def test_the_native_spans_module_is_built() -> None:
     """`make install` compiles it (setup.py) wherever a C compiler is; without one the Python
     loops run (the same results, slower)."""
-    if native is None and _c_compiler() is None:
-        pytest.skip("no C compiler on this machine: the Python loops run")
-    assert native is not None, "exl3tool.io._spans is missing: rebuild (make clean install)"
+    check_built(native, "_spans", "the Python loops run")
 
 
 needs_native = pytest.mark.skipif(native is None, reason="not built (the test above fails)")
