@@ -8,7 +8,10 @@
  *   fact_spans  the spans a shard's header lists, as `checks/payload._SPAN.findall` and its
  *               filter find them;
  *   gather      the spans' bytes read into one packed buffer, as `io/views.TensorReader.gather`
- *               packs them (the same bytes, the same positions).
+ *               packs them (the same bytes, the same positions);
+ *   special     which F16/F32 vectors of that buffer hold a NaN/Inf word, as
+ *               `checks/payload._scan_ints` finds them (numpy, which scans as fast, costs the
+ *               worker ~0.1 s to import; Python integers take ~3 ms a MB).
  *
  * Each returns exactly what the Python code returns (tests/io/test_spans_native.py), or None
  * where it declines (an argument the Python code would treat differently, a size past its
@@ -375,16 +378,109 @@ done:
     return out;
 }
 
+/* ---- special --------------------------------------------------------------------------- */
+
+/* Whether any of the `count` little-endian words of `size` bytes at `p` has every exponent
+ * bit set (F16: 0x7C00, F32: 0x7F800000), read byte by byte (any alignment, any host). */
+static int has_special(const unsigned char *p, Py_ssize_t count, int size) {
+    if (size == 2) {
+        for (Py_ssize_t k = 0; k < count; k++) {
+            if ((p[2 * k + 1] & 0x7C) == 0x7C) {
+                return 1;
+            }
+        }
+        return 0;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if ((p[4 * k + 3] & 0x7F) == 0x7F && (p[4 * k + 2] & 0x80)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(special_doc,
+             "special(data, placed) -> list[int] or None\n\n"
+             "The indices, ascending, of the vectors of `placed` ((dtype, nbytes, position) "
+             "triples, dtype 'F16' or 'F32') whose payload in `data` holds a word with every "
+             "exponent bit set: nbytes // size words from the position, as "
+             "`checks.payload._has_nonfinite` tests them. None: declined (a triple of another "
+             "form, or a payload past the end of `data`), for the Python code.");
+
+static PyObject *special(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    PyObject *placed;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*O", &view, &placed)) {
+        return NULL;
+    }
+    PyObject *out = NULL, *hits = NULL;
+    if (!PyList_CheckExact(placed) && !PyTuple_CheckExact(placed)) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    hits = PyList_New(0);
+    if (hits == NULL) {
+        goto done;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(placed);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(placed, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 3) {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        PyObject *d = PyTuple_GET_ITEM(t, 0), *pn = PyTuple_GET_ITEM(t, 1);
+        PyObject *pp = PyTuple_GET_ITEM(t, 2);
+        int size = 0;
+        if (PyUnicode_CheckExact(d)) {
+            size = PyUnicode_CompareWithASCIIString(d, "F16") == 0   ? 2
+                   : PyUnicode_CompareWithASCIIString(d, "F32") == 0 ? 4
+                                                                      : 0;
+        }
+        if (size == 0 || !PyLong_CheckExact(pn) || !PyLong_CheckExact(pp)) {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        int on = 0, op = 0;
+        long long nbytes = PyLong_AsLongLongAndOverflow(pn, &on);
+        long long pos = PyLong_AsLongLongAndOverflow(pp, &op);
+        if ((nbytes == -1 || pos == -1) && PyErr_Occurred()) {
+            goto done;
+        }
+        if (on || op || nbytes < 0 || pos < 0 || pos > view.len || nbytes > view.len - pos) {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        const unsigned char *at = (const unsigned char *)view.buf + pos;
+        if (has_special(at, (Py_ssize_t)(nbytes / size), size)) {
+            PyObject *v = PyLong_FromSsize_t(i);
+            if (v == NULL || PyList_Append(hits, v) < 0) {
+                Py_XDECREF(v);
+                goto done;
+            }
+            Py_DECREF(v);
+        }
+    }
+    out = Py_NewRef(hits);
+done:
+    Py_XDECREF(hits);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"fact_spans", fact_spans, METH_VARARGS, fact_spans_doc},
     {"gather", gather, METH_VARARGS, gather_doc},
+    {"special", special, METH_VARARGS, special_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_spans",
-    .m_doc = "The R7 read-ahead's per-span loops in C (see checks/payload.py, io/views.py).",
+    .m_doc = "The R7 read-ahead's per-span loops and NaN/Inf scan in C "
+             "(see checks/payload.py, io/views.py).",
     .m_size = -1,
     .m_methods = methods,
 };

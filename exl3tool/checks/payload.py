@@ -1,8 +1,9 @@
 """Payload reads of the checks: a random-access reader, deferred marker reads and a deferred
 NaN/Inf scan, done together in one packed gather per shard (few preads, never the whole shard).
 
-numpy is imported only when the vectors to scan are large enough for its import (~50 ms) to pay
-off; smaller scans test the exponent bits with Python integers, with the same results.
+The scan runs in C where native/spans.c is built; else numpy is imported only when the vectors
+to scan are large enough for its import (~50 ms) to pay off, and smaller scans test the
+exponent bits with Python integers. All three give the same results.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class MarkerCheck:
 # word size and exponent mask per float dtype; all exponent bits set = NaN or Inf
 _EXPONENT_BITS = {"F16": (2, 0x7C00), "F32": (4, 0x7F800000)}
 _WORD_VIEW = {2: "<u2", 4: "<u4"}
+# (dtype, payload bytes, position in the packed data) of one vector to scan
+Placed = tuple[str, int, int]
 
 
 class FiniteCheck:
@@ -144,9 +147,12 @@ _FACT_DTYPES = {b"I32": "I32", b"F16": "F16", b"F32": "F32"}
 # unused with EXL3TOOL_PURE_SCAN=1).
 _native_fact_spans: Callable[[bytes, int, int], tuple[list[tuple[int, int]], list[str]]] | None
 _native_fact_spans = None
+# native/spans.c: the indices of the vectors holding a NaN/Inf word (None: declined)
+_native_special: Callable[[bytearray, list[Placed]], list[int] | None] | None = None
 if native.ENABLED:
     with contextlib.suppress(ImportError):
         from exl3tool.io._spans import fact_spans as _native_fact_spans
+        from exl3tool.io._spans import special as _native_special
 
 
 @dataclass(frozen=True)
@@ -208,7 +214,7 @@ def read_facts(reads: FactReads, reader: TensorReader, numpy: bool) -> ShardFact
             if dtype != "I32":
                 keys.append((b, e, dtype))
                 placed.append((dtype, e - b, p))
-        bad = (_scan_numpy if numpy else _scan_ints)(data, placed)
+        bad = _scan(data, placed, numpy)
     return ShardFacts(reads.shard.stamp, values, frozenset(keys), frozenset(keys[i] for i in bad))
 
 
@@ -295,7 +301,7 @@ def run_deferred(
         refs = [r for r, _ in f_items]
         at = pos[len(m_items) :]
         placed = [(r.info.dtype, r.info.nbytes, p) for r, p in zip(refs, at, strict=True)]
-        bad = (_scan_numpy if use_numpy else _scan_ints)(data, placed)
+        bad = _scan(data, placed, use_numpy)
         return wrong, [refs[i] for i in bad]
 
     for path in left:
@@ -310,8 +316,20 @@ def run_deferred(
             nonfinite(ref)
 
 
-# (dtype, payload bytes, position in the packed data) of one vector to scan
-Placed = tuple[str, int, int]
+def _scan(data: bytearray, placed: list[Placed], numpy: bool) -> list[int]:
+    """The indices of the NaN/Inf vectors of `placed`, in the scans' report order: per dtype,
+    payloads at an odd offset first, then the aligned ones. In C where it is built, else with
+    numpy (`numpy`) or Python integers."""
+    hits = _native_special(data, placed) if _native_special is not None else None
+    if hits is None:
+        return (_scan_numpy if numpy else _scan_ints)(data, placed)
+    bad: list[int] = []
+    for dtype, (size, _) in _EXPONENT_BITS.items():
+        for odd in (True, False):
+            bad.extend(
+                i for i in hits if placed[i][0] == dtype and bool(placed[i][2] % size) is odd
+            )
+    return bad
 
 
 def _scan_ints(data: bytearray, placed: list[Placed]) -> list[int]:

@@ -1,5 +1,5 @@
-"""checks/payload: the deferred marker reads and NaN/Inf scan, with and without numpy, equal a
-word-by-word reference, in the order the checks report them."""
+"""checks/payload: the deferred marker reads and NaN/Inf scan, in C, with numpy and with Python
+integers, equal a word-by-word reference, in the order the checks report them."""
 
 from __future__ import annotations
 
@@ -122,12 +122,17 @@ def test_deferred_checks_equal_a_word_by_word_reference(
 ) -> None:
     path, blobs = _write(tmp_path / "m.safetensors", seed)
     want = _reference(list(load_checkpoint(path, Findings()).tensors.values()), blobs)
+    assert _run(path) == want  # C where native/spans.c is built
+    c_facts = _facts(path, False)
+    assert _run(path, c_facts) == want
+    monkeypatch.setattr(payload, "_native_special", None)
     monkeypatch.setattr(payload, "NUMPY_MIN_BYTES", 1 << 60)  # Python integers
     assert _run(path) == want
     monkeypatch.setattr(payload, "NUMPY_MIN_BYTES", 0)  # numpy
     assert _run(path) == want
     for numpy in (False, True):  # from facts read ahead, the same in the same order
         facts = _facts(path, numpy)
+        assert facts == c_facts
         assert _run(path, facts) == want
         # facts that lack a deferred read, or of a shard that changed since, are not used
         (known,) = facts.values()

@@ -320,3 +320,71 @@ def test_the_read_ahead_gives_the_same_facts(
     want = prefetch_r7(root)
     assert got is not None and want is not None
     assert got.facts and got.facts == want.facts
+
+
+# ---- special ---------------------------------------------------------------------------------
+
+_PLACED = st.lists(
+    st.tuples(st.sampled_from(["F16", "F32"]), st.integers(0, 40), st.integers(0, 200)),
+    max_size=12,
+)
+
+
+def _special_data(seed: int, size: int, density: float) -> bytearray:
+    """Random words, `density` of them with every exponent bit set (F16 or F32 alike)."""
+    rng = np.random.default_rng(seed)
+    data = bytearray(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    for at in range(0, size - 3):  # clear one exponent bit of most words: finite
+        if rng.random() >= density:
+            data[at] &= 0x3F
+    return data
+
+
+@needs_native
+@settings(max_examples=400, deadline=None)
+@given(placed=_PLACED, seed=st.integers(0, 2**32 - 1), density=st.sampled_from([0.0, 0.01, 0.2]))
+def test_special_finds_the_vectors_python_finds(placed: list, seed: int, density: float) -> None:
+    """The same NaN/Inf vectors as the Python-integer scan, in the same report order (any
+    alignment, partial trailing words, overlaps), wherever every payload lies inside the data."""
+    data = _special_data(seed, 256, density)
+    placed = [(d, n, p) for d, n, p in placed if p + n <= len(data)]
+    hits = native.special(data, placed)
+    want = payload._scan_ints(data, placed)
+    assert hits == sorted(want)
+    assert payload._scan(data, placed, False) == want
+
+
+@needs_native
+def test_special_reads_each_dtypes_exponent_bits() -> None:
+    """One word each: F16 0x7C00 and F32 0x7F800000 set (NaN/Inf), one bit short (finite)."""
+    words = [
+        ("F16", (0x7C00).to_bytes(2, "little")),
+        ("F16", (0x7BFF | 0x8000).to_bytes(2, "little")),
+        ("F32", (0x7F800000).to_bytes(4, "little")),
+        ("F32", (0x7F7FFFFF | 0x80000000).to_bytes(4, "little")),
+    ]
+    data = bytearray(b"".join(w for _, w in words))
+    placed, at = [], 0
+    for dtype, w in words:
+        placed.append((dtype, len(w), at))
+        at += len(w)
+    assert native.special(data, placed) == [0, 2]
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "placed",
+    [
+        [("F16", 4, 7)],  # past the end
+        [("F16", -2, 0)],
+        [("F16", 2, -1)],
+        [("BF16", 2, 0)],
+        [("F16", 2.0, 0)],
+        [("F16", 2, 0, 0)],
+        [["F16", 2, 0]],
+        [("F16", 2, 2**70)],
+        (t for t in [("F16", 2, 0)]),
+    ],
+)
+def test_special_declines_what_python_reads_its_own_way(placed: object) -> None:
+    assert native.special(bytearray(8), placed) is None
