@@ -1,4 +1,5 @@
-/* exl3tool.io._header_scan: the compact safetensors header scan of io/safetensors.py in C.
+/* exl3tool.io._header_scan: the compact safetensors header scan of io/safetensors.py in C, and
+ * the scan of a checkpoint's index by its weight_map's groups (io/index_scan.py; at the end).
  *
  * A GLM-5.2 checkpoint lists 176,812 tensors; `validate` spends ~0.33 s of its ~1.2 s building
  * their entries with regex groups in Python (issue 17). This module walks the same grammar once
@@ -17,6 +18,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 
 #define MAX_INT48 ((1LL << 48) - 1)
@@ -331,15 +333,361 @@ static PyObject *scan_entries(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ---- index_scan ------------------------------------------------------------------------ */
+
+/* The index `model.safetensors.index.json` of a GLM-5.2 checkpoint is 16 MB naming 176,812
+ * tensors; `json.loads` builds two strings and a dict slot for each (~0.1 s), and the loader
+ * only compares them with the shards' headers. `index_scan` reads the same text once and gives,
+ * per shard file, how many names the weight_map maps to it and the sum of their str hashes: the
+ * loader compares those with each header's names (io/index_scan.py). */
+
+typedef struct {
+    const unsigned char *s;
+    Py_ssize_t n;
+    Py_ssize_t p;
+} Text;
+
+static void skip_ws(Text *t) {
+    while (t->p < t->n) {
+        unsigned char ch = t->s[t->p];
+        if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') {
+            return;
+        }
+        t->p++;
+    }
+}
+
+/* A string of printable ASCII without escapes at the cursor: [*b, *e) is its content and the
+ * cursor ends past its closing quote; 0 when the text holds anything else there. */
+static int plain_string(Text *t, Py_ssize_t *b, Py_ssize_t *e) {
+    if (t->p >= t->n || t->s[t->p] != '"') {
+        return 0;
+    }
+    Py_ssize_t q = t->p + 1;
+    while (q < t->n) {
+        unsigned char ch = t->s[q];
+        if (ch == '"') {
+            *b = t->p + 1;
+            *e = q;
+            t->p = q + 1;
+            return 1;
+        }
+        if (ch < 0x20 || ch >= 0x80 || ch == '\\') {
+            return 0;
+        }
+        q++;
+    }
+    return 0;
+}
+
+/* Past one JSON value's extent at the cursor, found by its brackets and strings (the caller
+ * parses that span strictly, which is what validates it); 0 when the text ends first or holds
+ * a non-ASCII byte. */
+static int skip_value(Text *t) {
+    long long depth = 0;
+    Py_ssize_t start = t->p;
+    while (t->p < t->n) {
+        unsigned char ch = t->s[t->p];
+        if (ch >= 0x80) {
+            return 0;
+        }
+        if (ch == '"') {
+            t->p++;
+            while (t->p < t->n && t->s[t->p] != '"') {
+                if (t->s[t->p] >= 0x80) {
+                    return 0;
+                }
+                t->p += t->s[t->p] == '\\' ? 2 : 1;
+            }
+            if (t->p >= t->n) {
+                return 0;
+            }
+            t->p++;
+            if (depth == 0) {
+                return 1;
+            }
+            continue;
+        }
+        if (ch == '{' || ch == '[') {
+            depth++;
+        } else if (ch == '}' || ch == ']') {
+            if (depth == 0) { /* a scalar ends here */
+                return t->p > start;
+            }
+            if (--depth == 0) {
+                t->p++;
+                return 1;
+            }
+        } else if (depth == 0 && (ch == ',' || ch == ' ' || ch == '\t' || ch == '\n' ||
+                                  ch == '\r')) {
+            return t->p > start;
+        }
+        t->p++;
+    }
+    return depth == 0 && t->p > start;
+}
+
+typedef struct {
+    Py_ssize_t b, e;      /* the file name's span in the text */
+    uint64_t hash;        /* of its bytes (the table's) */
+    Py_ssize_t count;     /* names mapped to it */
+    uint64_t sum;         /* of their str hashes, mod 2**64 */
+} Group;
+
+typedef struct {
+    Group *groups;
+    Py_ssize_t n, cap;
+    Py_ssize_t *slots; /* group index + 1, or 0 */
+    size_t mask;
+} Groups;
+
+static uint64_t bytes_hash(const unsigned char *s, Py_ssize_t n) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a: the table's spread only */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        h = (h ^ s[i]) * 1099511628211ULL;
+    }
+    return h;
+}
+
+static int groups_grow(Groups *g) {
+    size_t size = g->slots ? 2 * (g->mask + 1) : 64;
+    Py_ssize_t *slots = PyMem_Calloc(size, sizeof(Py_ssize_t));
+    Group *groups = PyMem_Realloc(g->groups, sizeof(Group) * (size / 2));
+    if (slots == NULL || groups == NULL) {
+        PyMem_Free(slots);
+        if (groups != NULL) {
+            g->groups = groups;
+        }
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->groups = groups;
+    g->cap = (Py_ssize_t)(size / 2);
+    for (Py_ssize_t i = 0; i < g->n; i++) {
+        size_t at = g->groups[i].hash & (size - 1);
+        while (slots[at]) {
+            at = (at + 1) & (size - 1);
+        }
+        slots[at] = i + 1;
+    }
+    PyMem_Free(g->slots);
+    g->slots = slots;
+    g->mask = size - 1;
+    return 0;
+}
+
+/* The group of the file name [b, e); -1 with an error set. */
+static Py_ssize_t group_of(Groups *g, const unsigned char *s, Py_ssize_t b, Py_ssize_t e) {
+    uint64_t h = bytes_hash(s + b, e - b);
+    if (g->slots != NULL) {
+        size_t at = h & g->mask;
+        while (g->slots[at]) {
+            Group *x = &g->groups[g->slots[at] - 1];
+            if (x->hash == h && x->e - x->b == e - b && memcmp(s + x->b, s + b, (size_t)(e - b)) == 0) {
+                return g->slots[at] - 1;
+            }
+            at = (at + 1) & g->mask;
+        }
+    }
+    if (g->slots == NULL || g->n + 1 > g->cap) {
+        if (groups_grow(g) < 0) {
+            return -1;
+        }
+    }
+    size_t at = h & g->mask;
+    while (g->slots[at]) {
+        at = (at + 1) & g->mask;
+    }
+    Group *x = &g->groups[g->n];
+    x->b = b;
+    x->e = e;
+    x->hash = h;
+    x->count = 0;
+    x->sum = 0;
+    g->slots[at] = ++g->n;
+    return g->n - 1;
+}
+
+/* The weight_map object at the cursor into `g`; 1, 0 (not the plain form), -1 (error). */
+static int weight_map(Text *t, Groups *g, Py_ssize_t *entries) {
+    Py_ssize_t nb, ne, lb, le, last = -1;
+    if (t->p >= t->n || t->s[t->p] != '{') {
+        return 0;
+    }
+    t->p++;
+    skip_ws(t);
+    if (t->p < t->n && t->s[t->p] == '}') {
+        t->p++;
+        return 1;
+    }
+    for (;;) {
+        if (!plain_string(t, &nb, &ne)) {
+            return 0;
+        }
+        skip_ws(t);
+        if (t->p >= t->n || t->s[t->p] != ':') {
+            return 0;
+        }
+        t->p++;
+        skip_ws(t);
+        if (!plain_string(t, &lb, &le)) {
+            return 0;
+        }
+        Py_ssize_t at = last;
+        if (at < 0 || g->groups[at].e - g->groups[at].b != le - lb ||
+            memcmp(t->s + g->groups[at].b, t->s + lb, (size_t)(le - lb)) != 0) {
+            at = group_of(g, t->s, lb, le);
+            if (at < 0) {
+                return -1;
+            }
+            last = at;
+        }
+        PyObject *name = PyUnicode_New(ne - nb, 127);
+        if (name == NULL) {
+            return -1;
+        }
+        memcpy(PyUnicode_DATA(name), t->s + nb, (size_t)(ne - nb));
+        Py_hash_t h = PyObject_Hash(name);
+        Py_DECREF(name);
+        if (h == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        g->groups[at].count++;
+        g->groups[at].sum += (uint64_t)h;
+        (*entries)++;
+        skip_ws(t);
+        if (t->p >= t->n) {
+            return 0;
+        }
+        if (t->s[t->p] == '}') {
+            t->p++;
+            return 1;
+        }
+        if (t->s[t->p] != ',') {
+            return 0;
+        }
+        t->p++;
+        skip_ws(t);
+    }
+}
+
+PyDoc_STRVAR(index_scan_doc,
+"index_scan(data) -> (meta_begin, meta_end, entries, groups) | None\n\n"
+"The index document `data` (bytes) when it is an object of a `weight_map` and at most one\n"
+"`metadata` member, whose weight_map keys and values are strings of printable ASCII without\n"
+"escapes, and which holds no other byte past ASCII: `entries` weight_map members (repeats\n"
+"counted), `groups` {file: (names mapped to it, sum of their str hashes mod 2**64)}, and the\n"
+"span of the metadata value (-1, -1 when absent), found by its brackets only: the caller\n"
+"parses it. None for any other text (the caller parses the whole document).");
+
+static PyObject *index_scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*:index_scan", &view)) {
+        return NULL;
+    }
+    Text t = {.s = view.buf, .n = view.len, .p = 0};
+    Groups g = {0};
+    Py_ssize_t entries = 0, mb = -1, me = -1, kb, ke;
+    int seen_map = 0, ok = 0;
+    PyObject *out = NULL, *groups = NULL;
+    skip_ws(&t);
+    if (t.p >= t.n || t.s[t.p] != '{') {
+        goto done;
+    }
+    t.p++;
+    skip_ws(&t);
+    for (;;) {
+        if (!plain_string(&t, &kb, &ke)) {
+            goto done;
+        }
+        skip_ws(&t);
+        if (t.p >= t.n || t.s[t.p] != ':') {
+            goto done;
+        }
+        t.p++;
+        skip_ws(&t);
+        if (ke - kb == 10 && memcmp(t.s + kb, "weight_map", 10) == 0 && !seen_map) {
+            seen_map = 1;
+            int got = weight_map(&t, &g, &entries);
+            if (got <= 0) {
+                if (got < 0) {
+                    ok = -1;
+                }
+                goto done;
+            }
+        } else if (ke - kb == 8 && memcmp(t.s + kb, "metadata", 8) == 0 && mb < 0) {
+            mb = t.p;
+            if (!skip_value(&t)) {
+                goto done;
+            }
+            me = t.p;
+        } else {
+            goto done;
+        }
+        skip_ws(&t);
+        if (t.p >= t.n) {
+            goto done;
+        }
+        if (t.s[t.p] == '}') {
+            t.p++;
+            break;
+        }
+        if (t.s[t.p] != ',') {
+            goto done;
+        }
+        t.p++;
+        skip_ws(&t);
+    }
+    skip_ws(&t);
+    if (t.p != t.n || !seen_map) {
+        goto done;
+    }
+    groups = PyDict_New();
+    if (groups == NULL) {
+        ok = -1;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < g.n; i++) {
+        Group *x = &g.groups[i];
+        PyObject *label = PyUnicode_DecodeASCII((const char *)t.s + x->b, x->e - x->b, NULL);
+        PyObject *value = label ? Py_BuildValue("(nK)", x->count, (unsigned long long)x->sum) : NULL;
+        if (value == NULL || PyDict_SetItem(groups, label, value) < 0) {
+            Py_XDECREF(label);
+            Py_XDECREF(value);
+            ok = -1;
+            goto done;
+        }
+        Py_DECREF(label);
+        Py_DECREF(value);
+    }
+    out = Py_BuildValue("(nnnO)", mb, me, entries, groups);
+    if (out == NULL) {
+        ok = -1;
+    }
+done:
+    Py_XDECREF(groups);
+    PyMem_Free(g.groups);
+    PyMem_Free(g.slots);
+    PyBuffer_Release(&view);
+    if (out == NULL && ok == 0) {
+        PyErr_Clear(); /* nothing raised: declined */
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan_entries", scan_entries, METH_VARARGS, scan_entries_doc},
+    {"index_scan", index_scan, METH_VARARGS, index_scan_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_header_scan",
-    .m_doc = "The compact safetensors header scan in C (see io/safetensors.py).",
+    .m_doc = "The compact safetensors header and index scans in C (see io/safetensors.py, "
+             "io/index_scan.py).",
     .m_size = -1,
     .m_methods = methods,
 };

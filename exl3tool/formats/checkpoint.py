@@ -19,8 +19,10 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from exl3tool.io.fs import read_document
 from exl3tool.io.gcpause import paused_gc
-from exl3tool.io.jsonfile import read_json
+from exl3tool.io.index_scan import IndexScan, holds_group, scan_index
+from exl3tool.io.jsonfile import DEFAULT_MAX_BYTES, parse_json, read_json
 from exl3tool.io.paths import link_escape, relative_path_problem
 from exl3tool.io.safetensors import SafetensorsFile, TensorInfo, read_header
 from exl3tool.rules import checkpoint as ck
@@ -52,6 +54,8 @@ class Checkpoint:
     root: Path
     config: dict[str, Any] | None = None
     quant_config: dict[str, Any] | None = None  # quantization_config.json
+    # the index document; without its weight_map where the shards hold exactly what it maps
+    # (io/index_scan: the map was compared with the headers without building it)
     index: dict[str, Any] | None = None
     shards: dict[str, SafetensorsFile] = field(default_factory=dict)  # label -> header
     tensors: dict[str, TensorRef] = field(default_factory=dict)
@@ -211,8 +215,7 @@ def _load_checkpoint(
     if present(ckpt, "quantization_config.json", findings):
         ckpt.quant_config = _read_json(ckpt, "quantization_config.json", findings)
     if present(ckpt, INDEX_NAME, findings):
-        ckpt.index = _read_json(ckpt, INDEX_NAME, findings)
-        _load_indexed(ckpt, names, findings, ahead)
+        _load_index(ckpt, names, findings, ahead)
     else:
         if not names:
             findings.add(ck.CK_NO_SHARDS, "no .safetensors file in the directory", file=".")
@@ -291,6 +294,71 @@ def _missing_tensor(findings: Findings, name: str, label: str) -> None:
     )
 
 
+def _load_index(ckpt: Checkpoint, present: list[str], findings: Findings, ahead: ReadAhead) -> None:
+    """The index and the shards it names (and those it does not): by its weight_map's groups
+    where they match the headers exactly (io/index_scan), else parsed and tested name by name,
+    with the same findings either way."""
+    try:
+        data: bytes | None = read_document(ckpt.root / INDEX_NAME, DEFAULT_MAX_BYTES)
+    except (ValueError, OSError):  # `_read_json` reads it again and says why it cannot
+        data = None
+    scan = scan_index(data) if data is not None and not ckpt.rejected_files else None
+    if (
+        scan is not None
+        and data is not None
+        and _load_scanned(ckpt, present, findings, ahead, scan, data)
+    ):
+        return
+    if data is None:
+        ckpt.index = _read_json(ckpt, INDEX_NAME, findings)
+    else:
+        before = len(findings)
+        ckpt.index = parse_json(data, findings, INDEX_NAME)
+        if ckpt.index is None and len(findings) > before:
+            ckpt.rejected_files.add(INDEX_NAME)
+    _load_indexed(ckpt, present, findings, ahead)
+
+
+def _load_scanned(
+    ckpt: Checkpoint,
+    present: list[str],
+    findings: Findings,
+    ahead: ReadAhead,
+    scan: IndexScan,
+    data: bytes,
+) -> bool:
+    """The shards of a scanned index. When each holds exactly the names the weight_map gives it
+    and no other shard holds a tensor, there is nothing to test name by name. Else the index is
+    parsed and tested so, with these shards; only one whose parse has a finding (a repeated
+    name: the scan takes no other JSON issue) gives False, with the checkpoint as it was, for
+    the caller to load it all again in the parse's order."""
+    trial = Findings()
+    _read_referenced(ckpt, sorted(scan.groups), present, trial, ahead)
+    shards = ckpt.shards
+    exact = not ckpt.rejected_files and not ckpt.damaged_shards
+    exact = exact and scan.entries == len(ckpt.tensors)  # also: no name in two shards
+    if exact and all(
+        label in shards and holds_group(shards[label].tensors, group)
+        for label, group in scan.groups.items()
+    ):
+        ckpt.index = scan.document
+        findings.extend(trial)
+        _check_total_size(ckpt, ckpt.index, findings)
+        return True
+    parsed = Findings()
+    index = parse_json(data, parsed, INDEX_NAME)
+    if parsed or not isinstance(index, dict):
+        ckpt.shards, ckpt.tensors = {}, {}
+        ckpt.rejected_files, ckpt.damaged_shards, ckpt.rejected_tensors = set(), set(), set()
+        return False
+    ckpt.index = index
+    findings.extend(trial)
+    wm = index["weight_map"]  # a dict of str (the scan read it)
+    _check_names(ckpt, wm, set(wm.values()), findings)
+    _check_total_size(ckpt, index, findings)
+    return True
+
+
 def _load_indexed(
     ckpt: Checkpoint, present: list[str], findings: Findings, ahead: ReadAhead
 ) -> None:
@@ -311,7 +379,61 @@ def _load_indexed(
                 ckpt.shards[label] = st
         _collect(ckpt, findings)
         return
-    referenced = sorted(set(wm.values()))
+    mapped = set(wm.values())  # not `in wm.values()`: that is O(tensors) per shard
+    _read_referenced(ckpt, sorted(mapped), present, findings, ahead)
+    _check_names(ckpt, wm, mapped, findings)
+    _check_total_size(ckpt, idx, findings)
+
+
+def _check_names(
+    ckpt: Checkpoint, wm: dict[str, str], mapped: set[str], findings: Findings
+) -> None:
+    """Every weight_map name in the shard it names (CK004), every tensor named (CK005)."""
+    covered = False  # every weight_map name is a loaded tensor
+    if not ckpt.rejected_files and not ckpt.damaged_shards:  # the usual case, one lookup each
+        held = {label: st.tensors for label, st in ckpt.shards.items()}
+        before = len(findings)
+        for name, label in wm.items():
+            names = held.get(label)
+            if names is not None and name not in names:
+                _missing_tensor(findings, name, label)
+        covered = len(findings) == before and held.keys() >= mapped
+    else:
+        _reject_tensors(ckpt, wm, findings)
+    # names are unique in both: when the index names only loaded tensors, equal counts mean
+    # the same names (one length test instead of 10^5 lookups)
+    same = covered and len(wm) == len(ckpt.tensors)
+    unmapped = () if same or ckpt.tensors.keys() <= wm.keys() else ckpt.tensors.items()
+    for name, ref in unmapped:
+        if wm.get(name) != ref.file and name not in wm:
+            findings.add(
+                ck.CK_UNMAPPED_TENSOR, "not in the index weight_map", file=ref.file, tensor=name
+            )
+
+
+def _check_total_size(ckpt: Checkpoint, idx: dict[str, Any], findings: Findings) -> None:
+    meta = idx.get("metadata")
+    total = meta.get("total_size") if isinstance(meta, dict) else None
+    if total is not None and not ckpt.rejected_tensors:
+        actual = ckpt.payload_bytes()
+        if type(total) is not int or total != actual:
+            findings.add(
+                ck.CK_TOTAL_SIZE,
+                f"total_size {total!r}, tensors hold {actual} bytes",
+                file=INDEX_NAME,
+                pointer="/metadata/total_size",
+            )
+
+
+def _read_referenced(
+    ckpt: Checkpoint,
+    referenced: list[str],
+    present: list[str],
+    findings: Findings,
+    ahead: ReadAhead,
+) -> None:
+    """The header of each shard the index names (`referenced`, sorted), then of each other
+    `.safetensors` file present (CK006), and every tensor they hold into `ckpt.tensors`."""
     for label in referenced:
         # Lexical check only: checkpoint shards may be symlinks (a Hugging Face cache snapshot
         # links every file into ../../blobs); cartridges, which forbid links, use open_inside.
@@ -343,7 +465,7 @@ def _load_indexed(
         st = _read_shard(ckpt, label, findings, ahead)
         if st is not None:
             ckpt.shards[label] = st
-    mapped = set(referenced)  # not `in wm.values()`: that is O(tensors) per shard
+    mapped = set(referenced)
     for label in present:
         if label not in mapped and label not in ckpt.shards:
             findings.add(ck.CK_UNREFERENCED_SHARD, "no tensor of the index lives here", file=label)
@@ -351,34 +473,3 @@ def _load_indexed(
             if st is not None:
                 ckpt.shards[label] = st
     _collect(ckpt, findings)
-    covered = False  # every weight_map name is a loaded tensor
-    if not ckpt.rejected_files and not ckpt.damaged_shards:  # the usual case, one lookup each
-        held = {label: st.tensors for label, st in ckpt.shards.items()}
-        before = len(findings)
-        for name, label in wm.items():
-            names = held.get(label)
-            if names is not None and name not in names:
-                _missing_tensor(findings, name, label)
-        covered = len(findings) == before and held.keys() >= mapped
-    else:
-        _reject_tensors(ckpt, wm, findings)
-    # names are unique in both: when the index names only loaded tensors, equal counts mean
-    # the same names (one length test instead of 10^5 lookups)
-    same = covered and len(wm) == len(ckpt.tensors)
-    unmapped = () if same or ckpt.tensors.keys() <= wm.keys() else ckpt.tensors.items()
-    for name, ref in unmapped:
-        if wm.get(name) != ref.file and name not in wm:
-            findings.add(
-                ck.CK_UNMAPPED_TENSOR, "not in the index weight_map", file=ref.file, tensor=name
-            )
-    meta = idx.get("metadata")
-    total = meta.get("total_size") if isinstance(meta, dict) else None
-    if total is not None and not ckpt.rejected_tensors:
-        actual = ckpt.payload_bytes()
-        if type(total) is not int or total != actual:
-            findings.add(
-                ck.CK_TOTAL_SIZE,
-                f"total_size {total!r}, tensors hold {actual} bytes",
-                file=INDEX_NAME,
-                pointer="/metadata/total_size",
-            )

@@ -55,6 +55,32 @@ def _validate_ahead(art: Path, pristine: dict[str, Path], out: Path, kind: str) 
     return ahead[1] if type(ahead[1]) is not str else None
 
 
+def _load_index(art: Path, pristine: dict[str, Path], out: Path, kind: str) -> Any:
+    """The loader reading the index by its weight_map's groups (io/index_scan) must find what it
+    finds parsing it: the same findings in the same order, the same tensors and rejections."""
+    from exl3tool.checks.rows import rows
+    from exl3tool.formats import checkpoint
+    from exl3tool.rules.errors import Exl3ToolError
+    from exl3tool.rules.registry import Findings
+
+    def outcome(scan: Any) -> tuple[Any, Findings]:
+        real, checkpoint.scan_index = checkpoint.scan_index, scan
+        found = Findings()
+        try:
+            ckpt = checkpoint.load_checkpoint(art, found)
+        except Exl3ToolError as exc:  # raised the same way both ways, or it is a defect
+            return (type(exc).__name__, str(exc)), found
+        finally:
+            checkpoint.scan_index = real
+        sets = (ckpt.rejected_files, ckpt.damaged_shards, ckpt.rejected_tensors)
+        return (rows(found), list(ckpt.tensors), list(ckpt.shards), *map(sorted, sets)), found
+
+    scanned = outcome(checkpoint.scan_index)
+    parsed = outcome(lambda data: None)
+    assert scanned[0] == parsed[0], f"scanned: {scanned[0]!r:.300} parsed: {parsed[0]!r:.300}"
+    return scanned[1]
+
+
 def identity_of(art: Path) -> Any:
     """The sha256 identity of a checkpoint, straight from the engine (one thread)."""
     from exl3tool.formats.checkpoint import load_checkpoint
@@ -241,6 +267,7 @@ CALLS: dict[str, Call] = {
     "validate-tp2": _validate(tp=2),
     "validate-base": _validate(with_base=True),
     "validate-ahead": _validate_ahead,
+    "load-index": _load_index,
     "identity": lambda art, pristine, out, kind: identity_of(art),
     "identity-cli": _identity_cli,
     "identity-forked": _identity_forked,

@@ -116,7 +116,7 @@ _MORE = (
     "identity-check",
     "validate-tp2",
 )
-_BASE = ("validate", "validate", "validate-hash", "identity", "stage-base", *_MORE)
+_BASE = ("validate", "validate", "validate-hash", "identity", "stage-base", "load-index", *_MORE)
 _CHECKPOINT = (
     "validate",
     "validate",
@@ -125,6 +125,7 @@ _CHECKPOINT = (
     "inspect",
     "plan",
     "diff",
+    "load-index",  # the index read by its groups vs. parsed
     *_MORE,
 )
 ENTRIES = {

@@ -50,7 +50,9 @@ needs_hooks = pytest.mark.skipif(
 def test_the_package_uses_the_compiled_loops_unless_told_not_to(pure: bool) -> None:
     code = (
         "import exl3tool.io.views as v, exl3tool.checks.payload as p, exl3tool.io.safetensors as s\n"
-        "print(*(f is None for f in (v._native_gather, p._native_fact_spans, s._native_scan)))"
+        "import exl3tool.io.index_scan as i\n"
+        "hooks = v._native_gather, p._native_fact_spans, p._native_special, s._native_scan\n"
+        "print(*(f is None for f in (*hooks, i._native_index_scan)))"
     )
     env = {k: v for k, v in os.environ.items() if k != "EXL3TOOL_PURE_SCAN"}
     if pure:
@@ -59,7 +61,7 @@ def test_the_package_uses_the_compiled_loops_unless_told_not_to(pure: bool) -> N
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.split()
     unused = pure or native is None
-    assert out == [str(unused)] * 3
+    assert out == [str(unused)] * 5
 
 
 # ---- fact_spans ------------------------------------------------------------------------------
