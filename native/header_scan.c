@@ -357,8 +357,8 @@ static void skip_ws(Text *t) {
     }
 }
 
-/* A string of printable ASCII without escapes at the cursor: [*b, *e) is its content and the
- * cursor ends past its closing quote; 0 when the text holds anything else there. */
+/* A string of ASCII from space to DEL, without escapes, at the cursor: [*b, *e) is its content
+ * and the cursor ends past its closing quote; 0 when the text holds anything else there. */
 static int plain_string(Text *t, Py_ssize_t *b, Py_ssize_t *e) {
     if (t->p >= t->n || t->s[t->p] != '"') {
         return 0;
@@ -574,8 +574,8 @@ static int weight_map(Text *t, Groups *g, Py_ssize_t *entries) {
 PyDoc_STRVAR(index_scan_doc,
 "index_scan(data) -> (meta_begin, meta_end, entries, groups) | None\n\n"
 "The index document `data` (bytes) when it is an object of a `weight_map` and at most one\n"
-"`metadata` member, whose weight_map keys and values are strings of printable ASCII without\n"
-"escapes, and which holds no other byte past ASCII: `entries` weight_map members (repeats\n"
+"`metadata` member, whose weight_map keys and values are strings of ASCII from space to DEL\n"
+"without escapes, and which holds no other byte past ASCII: `entries` weight_map members (repeats\n"
 "counted), `groups` {file: (names mapped to it, sum of their str hashes mod 2**64)}, and the\n"
 "span of the metadata value (-1, -1 when absent), found by its brackets only: the caller\n"
 "parses it. None for any other text (the caller parses the whole document).");

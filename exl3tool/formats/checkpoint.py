@@ -54,9 +54,11 @@ class Checkpoint:
     root: Path
     config: dict[str, Any] | None = None
     quant_config: dict[str, Any] | None = None  # quantization_config.json
-    # the index document; without its weight_map where the shards hold exactly what it maps
-    # (io/index_scan: the map was compared with the headers without building it)
+    # the index document, without its weight_map where `weight_map_matched`
     index: dict[str, Any] | None = None
+    # the index's weight_map was compared with the headers by its groups (io/index_scan) and
+    # maps exactly every tensor of `tensors` to its file: it is not built
+    weight_map_matched: bool = False
     shards: dict[str, SafetensorsFile] = field(default_factory=dict)  # label -> header
     tensors: dict[str, TensorRef] = field(default_factory=dict)
     single_file: str | None = None  # set when the artifact is one .safetensors file
@@ -302,13 +304,10 @@ def _load_index(ckpt: Checkpoint, present: list[str], findings: Findings, ahead:
         data: bytes | None = read_document(ckpt.root / INDEX_NAME, DEFAULT_MAX_BYTES)
     except (ValueError, OSError):  # `_read_json` reads it again and says why it cannot
         data = None
-    scan = scan_index(data) if data is not None and not ckpt.rejected_files else None
-    if (
-        scan is not None
-        and data is not None
-        and _load_scanned(ckpt, present, findings, ahead, scan, data)
-    ):
-        return
+    if data is not None:
+        scan = scan_index(data)
+        if scan is not None and _load_scanned(ckpt, present, findings, ahead, scan, data):
+            return
     if data is None:
         ckpt.index = _read_json(ckpt, INDEX_NAME, findings)
     else:
@@ -333,15 +332,16 @@ def _load_scanned(
     name: the scan takes no other JSON issue) gives False, with the checkpoint as it was, for
     the caller to load it all again in the parse's order."""
     trial = Findings()
+    rejected = set(ckpt.rejected_files)  # configs (no shard is read yet)
     _read_referenced(ckpt, sorted(scan.groups), present, trial, ahead)
     shards = ckpt.shards
-    exact = not ckpt.rejected_files and not ckpt.damaged_shards
-    exact = exact and scan.entries == len(ckpt.tensors)  # also: no name in two shards
+    exact = ckpt.rejected_files == rejected and not ckpt.damaged_shards
+    exact = exact and scan.entries == len(ckpt.tensors)  # no tensor but the named ones
     if exact and all(
         label in shards and holds_group(shards[label].tensors, group)
         for label, group in scan.groups.items()
     ):
-        ckpt.index = scan.document
+        ckpt.index, ckpt.weight_map_matched = scan.document, True
         findings.extend(trial)
         _check_total_size(ckpt, ckpt.index, findings)
         return True
@@ -349,7 +349,7 @@ def _load_scanned(
     index = parse_json(data, parsed, INDEX_NAME)
     if parsed or not isinstance(index, dict):
         ckpt.shards, ckpt.tensors = {}, {}
-        ckpt.rejected_files, ckpt.damaged_shards, ckpt.rejected_tensors = set(), set(), set()
+        ckpt.rejected_files, ckpt.damaged_shards, ckpt.rejected_tensors = rejected, set(), set()
         return False
     ckpt.index = index
     findings.extend(trial)

@@ -4,9 +4,13 @@ The loader only tests the weight_map against the shards' headers: every name in 
 names, every tensor named. A GLM-5.2 index is 16 MB of 176,812 names; `json.loads` builds two
 strings and a dict slot for each (~0.1 s, a tenth of `validate`). `scan_index` reads the plain
 form of the document in one C pass (native/header_scan.c, `index_scan`): per file, how many
-names it is given and the sum of their str hashes. A shard whose header holds as many names
-with the same sum holds those names, barring a 64-bit collision of Python's keyed string hash,
-whose key no input can know (a fixed PYTHONHASHSEED, which would let one, turns the scan off).
+names it is given and the sum of their str hashes. A shard whose header holds as many names,
+all ASCII, with the same sum holds those names, barring a 64-bit collision of Python's keyed
+string hash, whose key no input can know:
+- only ASCII names are compared: CPython hashes a string's stored bytes, and a name stored two
+  bytes a character (U+0100 and up) can have the bytes of an ASCII one, under any key;
+- a fixed PYTHONHASHSEED would let an input know the key, so it turns the scan off (read from
+  the environment as this module is imported, as the interpreter read it as it started).
 Anything that is not the plain form (escapes, bytes past ASCII, other members, a metadata value
 with a JSON issue) is None: the loader parses the document strictly, as it does without C.
 """
@@ -31,8 +35,8 @@ if native.ENABLED:
 
 _MOD = 1 << 64
 # PYTHONHASHSEED set to a number fixes the string hash's key (sys.flags says only whether it
-# is 0); without the environment (-E, -I) the key is random.
-_KEYED = sys.flags.ignore_environment or os.environ.get("PYTHONHASHSEED", "random") == "random"
+# is 0); unset, empty or "random", or ignored with the environment (-E, -I), the key is random.
+_KEYED = sys.flags.ignore_environment or os.environ.get("PYTHONHASHSEED", "") in ("", "random")
 _ABSENT = object()
 
 
@@ -69,6 +73,9 @@ def scan_index(data: bytes) -> IndexScan | None:
 
 
 def holds_group(names: Collection[str], group: tuple[int, int]) -> bool:
-    """Whether the distinct `names` (a shard's) are the names of a weight_map group."""
+    """Whether the distinct `names` (a shard's) are the names of a weight_map group (whose
+    names are ASCII: the scan takes no other)."""
     count, total = group
-    return len(names) == count and sum(map(hash, names)) % _MOD == total
+    if len(names) != count or not all(map(str.isascii, names)):
+        return False
+    return sum(map(hash, names)) % _MOD == total

@@ -5,8 +5,11 @@ writers produce, and the loader finds the same with and without it."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -242,5 +245,74 @@ def test_only_an_index_the_shards_match_goes_without_its_weight_map(
     shutil.copytree(sharded, root)
     _edit_index(root, how)
     ckpt = checkpoint.load_checkpoint(root, Findings())
-    assert ckpt.index is not None
-    assert ("weight_map" in ckpt.index) is (how not in ("none", "total-size"))
+    matched = how in ("none", "total-size")
+    assert ckpt.weight_map_matched is matched
+    assert ckpt.index is not None and ("weight_map" in ckpt.index) is not matched
+
+
+def _twin(name: str) -> str:
+    """A name of two-byte characters whose stored bytes are those of the ASCII `name` (of even
+    length): CPython's str hash is the same under every key."""
+    raw = name.encode()
+    return "".join(chr(raw[i] | raw[i + 1] << 8) for i in range(0, len(raw), 2))
+
+
+def _raw_shard(path: Path, names: list[str]) -> None:
+    header = {
+        n: {"dtype": "F16", "shape": [1], "data_offsets": [2 * i, 2 * i + 2]}
+        for i, n in enumerate(names)
+    }
+    text = json.dumps(header, ensure_ascii=False).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + bytes(2 * len(names)))
+
+
+@pytest.mark.parametrize(
+    "index, shards",
+    [
+        ('{"weight_map": {"ab": "a.safetensors"}}', {"a.safetensors": ["\u6261"]}),
+        (
+            '{"weight_map": {"ab": "a.safetensors", "ab": "a.safetensors"}}',
+            {"a.safetensors": ["ab", "\u6261"]},
+        ),
+        (
+            '{"weight_map": {"ab": "a.safetensors", "ab": "b.safetensors"}}',
+            {"a.safetensors": ["ab"], "b.safetensors": ["\u6261"]},
+        ),
+    ],
+)
+def test_a_header_name_whose_hash_equals_an_index_names_under_any_key_is_no_match(
+    tmp_path: Path, index: str, shards: dict[str, list[str]]
+) -> None:
+    """A shard name stored in two-byte characters with an ASCII index name's bytes hashes the
+    same whatever the key: the groups must not take it for that name."""
+    assert _twin("ab") == "\u6261" and hash("ab") == hash("\u6261")
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / checkpoint.INDEX_NAME).write_text(index)
+    (root / "config.json").write_text("{}")
+    for label, names in shards.items():
+        _raw_shard(root / label, names)
+    scanned = _state(root, index_scan.scan_index)
+    assert scanned == _state(root, lambda data: None)
+    assert scanned[0]  # CK004 / CK005 (and JS002 for the repeated name)
+
+
+def test_the_scan_runs_under_a_random_hash_key(sharded: Path) -> None:
+    """In a process whose string hash key is random (as the CLI's is, unless PYTHONHASHSEED
+    fixes it) the scan is on where built, and loads the exact index by its groups."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from exl3tool.formats.checkpoint import load_checkpoint\n"
+        "from exl3tool.io import index_scan\n"
+        "from exl3tool.rules.registry import Findings\n"
+        "built = index_scan._native_index_scan is not None\n"
+        f"ckpt = load_checkpoint(Path({str(sharded)!r}), Findings())\n"
+        "print(built, index_scan._KEYED, ckpt.weight_map_matched)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHASHSEED", "EXL3TOOL_PURE_SCAN")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    built, keyed, matched = out.stdout.split()
+    assert keyed == "True"
+    assert matched == built  # where the C module is built (test_header_scan_native says so)
