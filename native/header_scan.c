@@ -18,6 +18,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <assert.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -428,89 +429,58 @@ static int skip_value(Text *t) {
 }
 
 typedef struct {
-    Py_ssize_t b, e;      /* the file name's span in the text */
-    uint64_t hash;        /* of its bytes (the table's) */
-    Py_ssize_t count;     /* names mapped to it */
-    uint64_t sum;         /* of their str hashes, mod 2**64 */
+    Py_ssize_t count; /* names mapped to the file */
+    uint64_t sum;     /* of their str hashes, mod 2**64 */
 } Group;
 
 typedef struct {
-    Group *groups;
+    Group *items;
     Py_ssize_t n, cap;
-    Py_ssize_t *slots; /* group index + 1, or 0 */
-    size_t mask;
+    PyObject *index; /* file name (str) -> its item's index: a dict, whose keyed hash no input
+                      * can flood (an unkeyed table of our own could be: 2^17 names in one chain) */
 } Groups;
 
-static uint64_t bytes_hash(const unsigned char *s, Py_ssize_t n) {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a: the table's spread only */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        h = (h ^ s[i]) * 1099511628211ULL;
-    }
-    return h;
-}
-
-static int groups_grow(Groups *g) {
-    size_t size = g->slots ? 2 * (g->mask + 1) : 64;
-    Py_ssize_t *slots = PyMem_Calloc(size, sizeof(Py_ssize_t));
-    Group *groups = PyMem_Realloc(g->groups, sizeof(Group) * (size / 2));
-    if (slots == NULL || groups == NULL) {
-        PyMem_Free(slots);
-        if (groups != NULL) {
-            g->groups = groups;
-        }
-        PyErr_NoMemory();
+/* The group of the file name [b, e) (ASCII); -1 with an error set. */
+static Py_ssize_t group_of(Groups *g, const unsigned char *s, Py_ssize_t b, Py_ssize_t e) {
+    PyObject *label = PyUnicode_DecodeASCII((const char *)s + b, e - b, NULL);
+    if (label == NULL) {
         return -1;
     }
-    g->groups = groups;
-    g->cap = (Py_ssize_t)(size / 2);
-    for (Py_ssize_t i = 0; i < g->n; i++) {
-        size_t at = g->groups[i].hash & (size - 1);
-        while (slots[at]) {
-            at = (at + 1) & (size - 1);
-        }
-        slots[at] = i + 1;
+    PyObject *known = PyDict_GetItemWithError(g->index, label); /* borrowed */
+    if (known != NULL) {
+        Py_DECREF(label);
+        return PyLong_AsSsize_t(known);
     }
-    PyMem_Free(g->slots);
-    g->slots = slots;
-    g->mask = size - 1;
-    return 0;
-}
-
-/* The group of the file name [b, e); -1 with an error set. */
-static Py_ssize_t group_of(Groups *g, const unsigned char *s, Py_ssize_t b, Py_ssize_t e) {
-    uint64_t h = bytes_hash(s + b, e - b);
-    if (g->slots != NULL) {
-        size_t at = h & g->mask;
-        while (g->slots[at]) {
-            Group *x = &g->groups[g->slots[at] - 1];
-            if (x->hash == h && x->e - x->b == e - b && memcmp(s + x->b, s + b, (size_t)(e - b)) == 0) {
-                return g->slots[at] - 1;
-            }
-            at = (at + 1) & g->mask;
-        }
+    if (PyErr_Occurred()) {
+        Py_DECREF(label);
+        return -1;
     }
-    if (g->slots == NULL || g->n + 1 > g->cap) {
-        if (groups_grow(g) < 0) {
+    if (g->n == g->cap) {
+        Py_ssize_t cap = g->cap ? 2 * g->cap : 16;
+        Group *items = PyMem_Realloc(g->items, sizeof(Group) * (size_t)cap);
+        if (items == NULL) {
+            Py_DECREF(label);
+            PyErr_NoMemory();
             return -1;
         }
+        g->items = items;
+        g->cap = cap;
     }
-    size_t at = h & g->mask;
-    while (g->slots[at]) {
-        at = (at + 1) & g->mask;
+    PyObject *at = PyLong_FromSsize_t(g->n);
+    int failed = at == NULL || PyDict_SetItem(g->index, label, at) < 0;
+    Py_XDECREF(at);
+    Py_DECREF(label);
+    if (failed) {
+        return -1;
     }
-    Group *x = &g->groups[g->n];
-    x->b = b;
-    x->e = e;
-    x->hash = h;
-    x->count = 0;
-    x->sum = 0;
-    g->slots[at] = ++g->n;
-    return g->n - 1;
+    g->items[g->n].count = 0;
+    g->items[g->n].sum = 0;
+    return g->n++;
 }
 
 /* The weight_map object at the cursor into `g`; 1, 0 (not the plain form), -1 (error). */
 static int weight_map(Text *t, Groups *g, Py_ssize_t *entries) {
-    Py_ssize_t nb, ne, lb, le, last = -1;
+    Py_ssize_t nb, ne, lb, le, last = -1, last_b = 0, last_e = 0;
     if (t->p >= t->n || t->s[t->p] != '{') {
         return 0;
     }
@@ -533,14 +503,15 @@ static int weight_map(Text *t, Groups *g, Py_ssize_t *entries) {
         if (!plain_string(t, &lb, &le)) {
             return 0;
         }
-        Py_ssize_t at = last;
-        if (at < 0 || g->groups[at].e - g->groups[at].b != le - lb ||
-            memcmp(t->s + g->groups[at].b, t->s + lb, (size_t)(le - lb)) != 0) {
-            at = group_of(g, t->s, lb, le);
-            if (at < 0) {
+        /* a run of names of one file (the usual index) looks its group up once */
+        if (last < 0 || last_e - last_b != le - lb ||
+            memcmp(t->s + last_b, t->s + lb, (size_t)(le - lb)) != 0) {
+            last = group_of(g, t->s, lb, le);
+            if (last < 0) {
                 return -1;
             }
-            last = at;
+            last_b = lb;
+            last_e = le;
         }
         PyObject *name = PyUnicode_New(ne - nb, 127);
         if (name == NULL) {
@@ -552,8 +523,8 @@ static int weight_map(Text *t, Groups *g, Py_ssize_t *entries) {
         if (h == -1 && PyErr_Occurred()) {
             return -1;
         }
-        g->groups[at].count++;
-        g->groups[at].sum += (uint64_t)h;
+        g->items[last].count++;
+        g->items[last].sum += (uint64_t)h;
         (*entries)++;
         skip_ws(t);
         if (t->p >= t->n) {
@@ -587,10 +558,14 @@ static PyObject *index_scan(PyObject *self, PyObject *args) {
         return NULL;
     }
     Text t = {.s = view.buf, .n = view.len, .p = 0};
-    Groups g = {0};
+    Groups g = {.index = PyDict_New()};
     Py_ssize_t entries = 0, mb = -1, me = -1, kb, ke;
     int seen_map = 0, ok = 0;
     PyObject *out = NULL, *groups = NULL;
+    if (g.index == NULL) {
+        ok = -1;
+        goto done;
+    }
     skip_ws(&t);
     if (t.p >= t.n || t.s[t.p] != '{') {
         goto done;
@@ -648,17 +623,16 @@ static PyObject *index_scan(PyObject *self, PyObject *args) {
         ok = -1;
         goto done;
     }
-    for (Py_ssize_t i = 0; i < g.n; i++) {
-        Group *x = &g.groups[i];
-        PyObject *label = PyUnicode_DecodeASCII((const char *)t.s + x->b, x->e - x->b, NULL);
-        PyObject *value = label ? Py_BuildValue("(nK)", x->count, (unsigned long long)x->sum) : NULL;
+    PyObject *label, *at;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(g.index, &pos, &label, &at)) { /* in the order the files came */
+        Group *x = &g.items[PyLong_AsSsize_t(at)];
+        PyObject *value = Py_BuildValue("(nK)", x->count, (unsigned long long)x->sum);
         if (value == NULL || PyDict_SetItem(groups, label, value) < 0) {
-            Py_XDECREF(label);
             Py_XDECREF(value);
             ok = -1;
             goto done;
         }
-        Py_DECREF(label);
         Py_DECREF(value);
     }
     out = Py_BuildValue("(nnnO)", mb, me, entries, groups);
@@ -667,11 +641,11 @@ static PyObject *index_scan(PyObject *self, PyObject *args) {
     }
 done:
     Py_XDECREF(groups);
-    PyMem_Free(g.groups);
-    PyMem_Free(g.slots);
+    PyMem_Free(g.items);
+    Py_XDECREF(g.index);
     PyBuffer_Release(&view);
     if (out == NULL && ok == 0) {
-        PyErr_Clear(); /* nothing raised: declined */
+        assert(!PyErr_Occurred()); /* declined, nothing raised */
         Py_RETURN_NONE;
     }
     return out;

@@ -404,7 +404,8 @@ PyDoc_STRVAR(special_doc,
              "The indices, ascending, of the vectors of `placed` ((dtype, nbytes, position) "
              "triples, dtype 'F16' or 'F32') whose payload in `data` holds a word with every "
              "exponent bit set: nbytes // size words from the position, as "
-             "`checks.payload._has_nonfinite` tests them. None: declined (a triple of another "
+             "`checks.payload._has_nonfinite` tests them (`data`: a contiguous buffer, as the "
+             "gather's bytearray; BufferError for any other). None: declined (a triple of another "
              "form, or a payload past the end of `data`), for the Python code.");
 
 static PyObject *special(PyObject *self, PyObject *args) {

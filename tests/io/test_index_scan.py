@@ -316,3 +316,13 @@ def test_the_scan_runs_under_a_random_hash_key(sharded: Path) -> None:
     built, keyed, matched = out.stdout.split()
     assert keyed == "True"
     assert matched == built  # where the C module is built (test_header_scan_native says so)
+
+
+@needs_scan
+def test_many_files_interleaved_are_grouped_like_the_parse() -> None:
+    """20,000 files, their names interleaved (every member changes file): each group as the
+    parse gives it, in the order the files first came."""
+    pairs = [(f"t.{i}.{j}", f"f{i % 20000}") for j in range(2) for i in range(20000)]
+    data = json.dumps({"weight_map": dict(pairs)}).encode()
+    got = _agrees(data)
+    assert got is not None and list(got.groups) == list(dict.fromkeys(v for _, v in pairs))
