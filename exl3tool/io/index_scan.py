@@ -27,8 +27,8 @@ from typing import Any
 from exl3tool.io import native
 from exl3tool.io.strict_json import loads
 
-_native_index_scan: Callable[[bytes], tuple[int, int, int, dict[str, tuple[int, int]]] | None]
-_native_index_scan = None  # type: ignore[assignment]
+# native/header_scan.c: (metadata begin, end, entries, groups) of a plain index, or None
+_native_index_scan: Callable[[bytes], tuple[int, int, int, dict[str, Any]] | None] | None = None
 if native.ENABLED:
     with contextlib.suppress(ImportError):
         from exl3tool.io._header_scan import index_scan as _native_index_scan
