@@ -278,7 +278,19 @@ def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: S
     what = "moe_layers, experts and tp"
     if not check_declared(declared, len(table.ranked), what, scan.findings, **where):
         return
+    held = {key[0] for key in table.ranked}
+    empty = 0  # layers of the range without any rank slice (moe_layers may be hostile)
     for layer in range(spec.layers[0], spec.layers[1] + 1):
+        if layer not in held:
+            empty += 1
+            if empty <= MAX_MISSING:  # one finding a layer, not one a slice
+                scan.findings.add(
+                    r7.RS_MISSING,
+                    f"no rank slice of any expert of layer {layer}",
+                    file=ctx.file,
+                    tensor=f"model.layers.{layer}.mlp.experts",
+                )
+            continue
         missing: list[str] = []
         tier_ks = _tier_ks(spec.tier, layer, spec.n_experts)
         for e in range(spec.n_experts):
@@ -297,6 +309,13 @@ def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: S
                 file=ctx.file,
                 pointer=pointer_join(ctx.base, "moe_layers"),
             )
+    if empty > MAX_MISSING:
+        scan.findings.add(
+            r7.RS_MISSING,
+            f"{empty - MAX_MISSING} more layers of moe_layers without any rank slice",
+            file=ctx.file,
+            pointer=pointer_join(ctx.base, "moe_layers"),
+        )
 
 
 def _check_slice(

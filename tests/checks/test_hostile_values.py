@@ -64,6 +64,25 @@ def test_rank_sliced_billion_layers(tmp_path: Path) -> None:
     assert "CK098" in _codes(art)
 
 
+def test_tail_moe_layers_far_beyond_the_model_names_a_few_layers(tmp_path: Path) -> None:
+    """moe_layers [1, 4000] over a 3-layer model (within the slot budget): each layer without
+    any rank slice is one RS005 finding, the first MAX_MISSING named and the rest counted in
+    one more (it was 21 findings a layer: 83,979)."""
+    from exl3tool.checks.r7_experts import MAX_MISSING
+
+    art = build_r7(tmp_path / "r7", num_hidden_layers=3, first_moe_layer=1, n_experts=4)
+    _edit_json(art / "config.json", lambda c: c["hybrid_tr3_tail"].update(moe_layers=[1, 4000]))
+    found = validate_path(art, ValidateOptions(threads=1))[1]
+    missing = [f for f in found if f.code == "RS005"]
+    empty = 4000 - 1  # every layer of 1..4000 but the tail's own layer 3
+    assert len(missing) == MAX_MISSING + 1
+    assert missing[0].location.tensor == "model.layers.1.mlp.experts"
+    assert (
+        missing[-1].message
+        == f"{empty - MAX_MISSING} more layers of moe_layers without any rank slice"
+    )
+
+
 def test_base_experts_per_layer_beyond_memory(tmp_path: Path) -> None:
     art = build_base(tmp_path / "b")
     _edit_json(
