@@ -381,6 +381,36 @@ static int plain_string(Text *t, Py_ssize_t *b, Py_ssize_t *e) {
     return 0;
 }
 
+/* An object member's key at the cursor and the `:` after it: [*b, *e) is the key, the cursor
+ * ends at its value; 0 when the text holds anything else there. */
+static int member_key(Text *t, Py_ssize_t *b, Py_ssize_t *e) {
+    if (!plain_string(t, b, e)) {
+        return 0;
+    }
+    skip_ws(t);
+    if (t->p >= t->n || t->s[t->p] != ':') {
+        return 0;
+    }
+    t->p++;
+    skip_ws(t);
+    return 1;
+}
+
+/* After a member's value: 1 past the `}` that ends the object, 0 past the `,` before the next
+ * member (and its blanks), -1 when the text holds anything else there. */
+static int member_end(Text *t) {
+    skip_ws(t);
+    if (t->p >= t->n || (t->s[t->p] != '}' && t->s[t->p] != ',')) {
+        return -1;
+    }
+    int last = t->s[t->p] == '}';
+    t->p++;
+    if (!last) {
+        skip_ws(t);
+    }
+    return last;
+}
+
 /* Past one JSON value's extent at the cursor, found by its brackets and strings (the caller
  * parses that span strictly, which is what validates it); 0 when the text ends first or holds
  * a non-ASCII byte. */
@@ -491,16 +521,7 @@ static int weight_map(Text *t, Groups *g, Py_ssize_t *entries) {
         return 1;
     }
     for (;;) {
-        if (!plain_string(t, &nb, &ne)) {
-            return 0;
-        }
-        skip_ws(t);
-        if (t->p >= t->n || t->s[t->p] != ':') {
-            return 0;
-        }
-        t->p++;
-        skip_ws(t);
-        if (!plain_string(t, &lb, &le)) {
+        if (!member_key(t, &nb, &ne) || !plain_string(t, &lb, &le)) {
             return 0;
         }
         /* a run of names of one file (the usual index) looks its group up once */
@@ -526,19 +547,10 @@ static int weight_map(Text *t, Groups *g, Py_ssize_t *entries) {
         g->items[last].count++;
         g->items[last].sum += (uint64_t)h;
         (*entries)++;
-        skip_ws(t);
-        if (t->p >= t->n) {
-            return 0;
+        int end = member_end(t);
+        if (end != 0) {
+            return end > 0;
         }
-        if (t->s[t->p] == '}') {
-            t->p++;
-            return 1;
-        }
-        if (t->s[t->p] != ',') {
-            return 0;
-        }
-        t->p++;
-        skip_ws(t);
     }
 }
 
@@ -573,15 +585,9 @@ static PyObject *index_scan(PyObject *self, PyObject *args) {
     t.p++;
     skip_ws(&t);
     for (;;) {
-        if (!plain_string(&t, &kb, &ke)) {
+        if (!member_key(&t, &kb, &ke)) {
             goto done;
         }
-        skip_ws(&t);
-        if (t.p >= t.n || t.s[t.p] != ':') {
-            goto done;
-        }
-        t.p++;
-        skip_ws(&t);
         if (ke - kb == 10 && memcmp(t.s + kb, "weight_map", 10) == 0 && !seen_map) {
             seen_map = 1;
             int got = weight_map(&t, &g, &entries);
@@ -600,19 +606,13 @@ static PyObject *index_scan(PyObject *self, PyObject *args) {
         } else {
             goto done;
         }
-        skip_ws(&t);
-        if (t.p >= t.n) {
+        int end = member_end(&t);
+        if (end < 0) {
             goto done;
         }
-        if (t.s[t.p] == '}') {
-            t.p++;
+        if (end > 0) {
             break;
         }
-        if (t.s[t.p] != ',') {
-            goto done;
-        }
-        t.p++;
-        skip_ws(&t);
     }
     skip_ws(&t);
     if (t.p != t.n || !seen_map) {

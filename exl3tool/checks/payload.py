@@ -323,6 +323,12 @@ def _scan(data: bytearray, placed: list[Placed], numpy: bool) -> list[int]:
     hits = _native_special(data, placed) if _native_special is not None else None
     if hits is None:
         return (_scan_numpy if numpy else _scan_ints)(data, placed)
+    return _in_report_order(hits, placed)
+
+
+def _in_report_order(hits: list[int], placed: list[Placed]) -> list[int]:
+    """The indices `hits` (ascending) in `_scan_words`' order: per dtype, payloads at an odd
+    offset first, then the aligned ones."""
     bad: list[int] = []
     for dtype, (size, _) in _EXPONENT_BITS.items():
         for odd in (True, False):
@@ -335,15 +341,12 @@ def _scan(data: bytearray, placed: list[Placed], numpy: bool) -> list[int]:
 def _scan_ints(data: bytearray, placed: list[Placed]) -> list[int]:
     """The indices of the NaN/Inf vectors of `placed`, one Python-integer test each: word w
     fails when (w & mask) + lowest mask bit carries into the bit above the mask."""
-    bad: list[int] = []
-    for dtype, (size, mask) in _EXPONENT_BITS.items():
-        sel = [(i, n, p) for i, (d, n, p) in enumerate(placed) if d == dtype]
-        # in `_scan_words`' order: payloads at an odd offset first, then the aligned ones
-        for odd in (True, False):
-            for i, n, p in sel:
-                if bool(p % size) is odd and _has_nonfinite(data, p, n, size, mask):
-                    bad.append(i)
-    return bad
+    hits = [
+        i
+        for i, (d, n, p) in enumerate(placed)
+        if d in _EXPONENT_BITS and _has_nonfinite(data, p, n, *_EXPONENT_BITS[d])
+    ]
+    return _in_report_order(hits, placed)
 
 
 def _has_nonfinite(data: bytearray, p: int, nbytes: int, size: int, mask: int) -> bool:

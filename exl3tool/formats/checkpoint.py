@@ -135,10 +135,16 @@ _LOADED = frozenset(("config.json", "quantization_config.json", INDEX_NAME))
 _END, _BEGIN = attrgetter("info.end"), attrgetter("info.begin")
 
 
-def _read_json(ckpt: Checkpoint, name: str, findings: Findings, **kw: Any) -> Any:
-    """`read_json`, remembering a document that could not be used as a rejected file."""
+def _read_json(
+    ckpt: Checkpoint, name: str, findings: Findings, data: bytes | None = None, **kw: Any
+) -> Any:
+    """`read_json` (`parse_json` of `data` when it was read already), remembering a document
+    that could not be used as a rejected file."""
     before = len(findings)
-    value = read_json(ckpt.root / name, findings, name, **kw)
+    if data is None:
+        value = read_json(ckpt.root / name, findings, name, **kw)
+    else:
+        value = parse_json(data, findings, name, **kw)
     if value is None and len(findings) > before:
         ckpt.rejected_files.add(name)
     return value
@@ -308,13 +314,7 @@ def _load_index(ckpt: Checkpoint, present: list[str], findings: Findings, ahead:
         scan = scan_index(data)
         if scan is not None and _load_scanned(ckpt, present, findings, ahead, scan, data):
             return
-    if data is None:
-        ckpt.index = _read_json(ckpt, INDEX_NAME, findings)
-    else:
-        before = len(findings)
-        ckpt.index = parse_json(data, findings, INDEX_NAME)
-        if ckpt.index is None and len(findings) > before:
-            ckpt.rejected_files.add(INDEX_NAME)
+    ckpt.index = _read_json(ckpt, INDEX_NAME, findings, data)
     _load_indexed(ckpt, present, findings, ahead)
 
 
