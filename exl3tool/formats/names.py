@@ -110,6 +110,14 @@ class ExpertPrefixes:
         hit, field = self._parse(name)
         return None if hit is None else (hit[0], hit[3], field)
 
+    def logical(self, name: str) -> tuple[str, int | None, str] | None:
+        """(prefix, rank, field) of an expert tensor's name, or None: `ExpertName.prefix` (the
+        rank segment removed), `.rank` and `.field` of `parse_expert(name)`."""
+        hit, field = self._parse(name)
+        if hit is None:
+            return None
+        return f"model.layers.{hit[0]}.mlp.experts.{hit[1]}.{hit[2]}", hit[3], field
+
     def parts(self, name: str) -> tuple[int, int, str, str] | None:
         """(layer, expert, proj, field) of an expert tensor's name, or None."""
         hit, field = self._parse(name)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.detect import Kind
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import model_config
-from exl3tool.formats.names import R7_SHARED_RE, parse_expert, split_field
+from exl3tool.formats.names import R7_SHARED_RE, ExpertPrefixes, parse_expert, split_field
 from exl3tool.formats.tail import RANK_SLICED_K
 from exl3tool.rules import tp as tp_rules
 from exl3tool.rules.registry import Findings, Rule
@@ -35,6 +36,7 @@ from exl3tool.tp.slices import (
     Reported,
     SlicePlan,
     TensorSlice,
+    new_slice,
 )
 
 COLUMN = frozenset(("gate_proj", "up_proj", "w1", "w3", "lm_head"))
@@ -54,7 +56,7 @@ class _Split:
     """How one linear group is cut: `ranges[r]` = channels of rank r (None: whole / not held)."""
 
     role: str
-    ranges: list[tuple[int, int]]
+    ranges: tuple[tuple[int, int], ...]  # a tuple: a cut is hashable (build memoizes by it)
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,17 @@ class _Refusals:
 def source_order(ckpt: Checkpoint) -> list[str]:
     """Tensor names in the order of one sequential pass: shard by shard, by payload offset."""
     return sorted(ckpt.tensors, key=lambda n: (ckpt.tensors[n].file, ckpt.tensors[n].info.begin))
+
+
+def _check_bounds(
+    name: str, axis: int | None, start: int, stop: int, shape: tuple[int, ...]
+) -> None:
+    if axis is not None and stop > shape[axis]:
+        raise _refuse_input(
+            f"slice [{start}, {stop}) on axis {axis} exceeds shape {list(shape)}; "
+            "the linear's tensors disagree in size (run `exl3tool validate`)",
+            name,
+        )
 
 
 def _refuse_input(message: str, tensor: str | None = None) -> PlanRefused:
@@ -150,15 +163,16 @@ class _Planner:
         rest: dict[str, TensorRef] = {}
         # rank0 names hold full logical tensors when no other rank exists (MSRT bases, a tp=1
         # legacy tail such as R7's carried MTP layer: docs/formats/r7.md §6, §7.1)
-        multi = {e.prefix for e in map(parse_expert, tensors) if e is not None and e.rank}
-        for name, ref in tensors.items():
-            e = parse_expert(name)
-            if e is not None and (e.rank is None or (e.rank == 0 and e.prefix not in multi)):
-                experts.setdefault(e.prefix, {})[e.field] = ref
-                self.group_of[name] = (e.prefix, e.field)
+        parse = ExpertPrefixes().logical  # (prefix, rank, field) per name, or None
+        parsed = [(name, ref, parse(name)) for name, ref in tensors.items()]
+        multi = {e[0] for _, _, e in parsed if e is not None and e[1]}
+        for name, ref, e in parsed:
+            if e is not None and (e[1] is None or (e[1] == 0 and e[0] not in multi)):
+                experts.setdefault(e[0], {})[e[2]] = ref
+                self.group_of[name] = (e[0], e[2])
             elif e is not None:
                 self.reported.append(
-                    Reported(name, f"already rank-sliced (rank{e.rank}); carried whole")
+                    Reported(name, f"already rank-sliced (rank{e[1]}); carried whole")
                 )
             else:
                 rest[name] = ref
@@ -195,7 +209,7 @@ class _Planner:
             self.reported.append(Reported(anchor, "no sliceable field; carried whole"))
             return
         try:
-            self.splits[prefix] = _Split(role, intermediate_ranges(size, self.tp))
+            self.splits[prefix] = _Split(role, tuple(intermediate_ranges(size, self.tp)))
         except SplitError as exc:
             self.refusals.add(exc.rule, f"expert intermediate {exc}", anchor)
 
@@ -238,7 +252,7 @@ class _Planner:
                     self._whole(prefix, anchor, "no sliceable field")
                     continue
                 try:
-                    self.splits[prefix] = _Split(role, channel_ranges(size, self.tp))
+                    self.splits[prefix] = _Split(role, tuple(channel_ranges(size, self.tp)))
                 except SplitError as exc:
                     self.refusals.add(exc.rule, f"{role}-parallel {leaf}: {exc}", anchor)
             else:
@@ -288,7 +302,7 @@ class _Planner:
         for leaf in projs:
             w = widths[leaf] * unit_heads
             role = "row" if leaf == "o_proj" else "column"
-            self.splits[f"{parent}.{leaf}"] = _Split(role, [(a * w, b * w) for a, b in units])
+            self.splits[f"{parent}.{leaf}"] = _Split(role, tuple((a * w, b * w) for a, b in units))
 
     # --- slices ------------------------------------------------------------------------
     def build(self) -> SlicePlan:
@@ -296,29 +310,71 @@ class _Planner:
         self.refusals.raise_if_any()
         order = source_order(self.ckpt)
         ranks = [RankPlan(r) for r in range(self.tp)]
-        for name in order:
-            ref = self.ckpt.tensors[name]
-            info = ref.info
-            shape = tuple(info.shape)
-            group = self.group_of.get(name)
-            cut = self.splits.get(group[0]) if group else None
-            shared = R7_SHARED_RE.match(name)
-            for r in range(self.tp):
-                for target, axis, start, stop, rep in self._cuts(
-                    name, group, cut, shared, r, shape
-                ):
-                    if axis is not None and stop > shape[axis]:
-                        raise _refuse_input(
-                            f"slice [{start}, {stop}) on axis {axis} exceeds shape {list(shape)}; "
-                            "the linear's tensors disagree in size (run `exl3tool validate`)",
-                            name,
+        tensors, group_of, splits = self.ckpt.tensors, self.group_of, self.splits
+        if self.layout != "per-rank":
+            for name in order:
+                info = tensors[name].info
+                shape = tuple(info.shape)
+                group = group_of.get(name)
+                cut = splits.get(group[0]) if group else None
+                shared = R7_SHARED_RE.match(name)
+                for r in range(self.tp):
+                    for target, axis, start, stop, rep in self._cuts(
+                        name, group, cut, shared, r, shape
+                    ):
+                        _check_bounds(name, axis, start, stop, shape)
+                        ranks[r].slices.append(
+                            TensorSlice(name, target, axis, start, stop, rep, info.dtype, shape)
                         )
-                    ranks[r].slices.append(
-                        TensorSlice(name, target, axis, start, stop, rep, info.dtype, shape)
-                    )
+        else:
+            # per rank, a tensor's slices are its own name's (the target is the source name) and
+            # depend on nothing else but its cut, field, shape and dtype: computed once for each
+            # such kind (a few dozen in a model of 10^5 tensors), then stamped with the name
+            appends = [rp.slices.append for rp in ranks]
+            memo: dict[tuple[Any, ...], list[list[tuple[Any, ...]]]] = {}
+            for name in order:
+                info = tensors[name].info
+                shape, dtype = tuple(info.shape), info.dtype
+                group = group_of.get(name)
+                cut = splits.get(group[0]) if group else None
+                shared = R7_SHARED_RE.match(name) is not None
+                key = (shared, cut, group[1] if group else None, shape, dtype)
+                rows = memo.get(key)
+                if rows is None:
+                    rows = memo[key] = self._rows(name, group, cut, shared, shape, dtype)
+                for append, rank_rows in zip(appends, rows, strict=True):
+                    for axis, start, stop, rep, sliced, nbytes in rank_rows:
+                        append(
+                            new_slice(
+                                name, name, axis, start, stop, rep, dtype, shape, sliced, nbytes
+                            )
+                        )
         return SlicePlan(
             self.kind.value, self.tp, self.mode, self.layout, ranks, self.reported, order
         )
+
+    def _rows(
+        self,
+        name: str,
+        group: tuple[str, str] | None,
+        cut: _Split | _Owner | None,
+        shared: bool,
+        shape: tuple[int, ...],
+        dtype: str,
+    ) -> list[list[tuple[Any, ...]]]:
+        """Per rank, (axis, start, stop, replicated, shape, nbytes) of each slice of a tensor
+        like `name` in the per-rank layout; raises for a cut past its shape (named `name`)."""
+        rows = []
+        for r in range(self.tp):
+            rank_rows = []
+            for _target, axis, start, stop, rep in self._cuts(
+                name, group, cut, shared or None, r, shape
+            ):
+                _check_bounds(name, axis, start, stop, shape)
+                s = TensorSlice(name, name, axis, start, stop, rep, dtype, shape)
+                rank_rows.append((axis, start, stop, rep, s.shape, s.nbytes))
+            rows.append(rank_rows)
+        return rows
 
     def _cuts(self, name, group, cut, shared, r, shape):
         """(target, axis, start, stop, replicated) entries of `name` on rank r."""

@@ -108,6 +108,40 @@ class TensorSlice:
         }
 
 
+_new = object.__new__
+
+
+def new_slice(
+    source: str,
+    target_name: str,
+    axis: int | None,
+    start: int,
+    stop: int,
+    replicated: bool,
+    dtype: str,
+    source_shape: tuple[int, ...],
+    shape: tuple[int, ...],
+    nbytes: int,
+) -> TensorSlice:
+    """`TensorSlice(source, ..., source_shape)` whose `shape` and `nbytes` the caller already
+    computed (they must be the ones the class would compute): its fields written to the
+    instance's __dict__, not through the frozen dataclass's object.__setattr__ per field (a
+    plan of 10^5 slices saved ~1 us each). Equal to, and hashed as, the constructor's."""
+    s = _new(TensorSlice)
+    d = s.__dict__
+    d["source"] = source
+    d["target_name"] = target_name
+    d["axis"] = axis
+    d["start"] = start
+    d["stop"] = stop
+    d["replicated"] = replicated
+    d["dtype"] = dtype
+    d["source_shape"] = source_shape
+    d["shape"] = shape
+    d["nbytes"] = nbytes
+    return s
+
+
 @dataclass(frozen=True)
 class Reported:
     """A tensor that no rule could split, replicated whole (TP003)."""

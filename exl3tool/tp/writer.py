@@ -197,7 +197,14 @@ def build_manifest(
                 "dir": rank_dir(rp.rank) if plan.layout == "per-rank" else ".",
                 "bytes": rp.nbytes,
                 "tensors": {
-                    s.target_name: {**s.to_json(), "file": file_of[(rp.rank, s.target_name)]}
+                    s.target_name: {
+                        "source": s.source,  # TensorSlice.to_json's, then the file
+                        "axis": s.axis,
+                        "start": s.start,
+                        "stop": s.stop,
+                        "replicated": s.replicated,
+                        "file": file_of[(rp.rank, s.target_name)],
+                    }
                     for s in rp.slices
                 },
             }

@@ -163,6 +163,41 @@ def test_pretty_json_round_trips_and_matches_indent_2_when_deep_enough(
     assert full == json.dumps(value, indent=2, ensure_ascii=ascii_only)
 
 
+def _pretty_one_by_one(value: object, depth: int, ensure_ascii: bool) -> str:
+    """pretty_json as first written: an emit call per item at every level (the oracle of the
+    joined last level)."""
+    inline = json.JSONEncoder(ensure_ascii=ensure_ascii, separators=(", ", ": ")).encode
+    out: list[str] = []
+
+    def emit(v: object, level: int) -> None:
+        if level >= depth or not isinstance(v, dict | list) or not v:
+            out.append(inline(v))
+            return
+        pad = "\n" + "  " * (level + 1)
+        is_dict = isinstance(v, dict)
+        out.append("{" if is_dict else "[")
+        for i, item in enumerate(v.items() if is_dict else v):
+            out.append(("," if i else "") + pad)
+            if is_dict:
+                out.append(inline(item[0]) + ": ")
+                item = item[1]
+            emit(item, level + 1)
+        out.append("\n" + "  " * level + ("}" if is_dict else "]"))
+
+    emit(value, 0)
+    return "".join(out)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_JSON, st.integers(0, 6), st.booleans())
+def test_pretty_json_is_the_item_by_item_rendering(
+    value: object, depth: int, ascii_only: bool
+) -> None:
+    assert pretty_json(value, depth, ensure_ascii=ascii_only) == _pretty_one_by_one(
+        value, depth, ascii_only
+    )
+
+
 def test_pretty_json_keeps_deeper_levels_on_one_line() -> None:
     doc = {"ranks": [{"tensors": {"a": {"shape": [1, 2], "file": "x"}}}]}
     lines = pretty_json(doc, 4).splitlines()

@@ -61,3 +61,19 @@ def test_every_scalar_renders_as_its_placeholder_did(depth: int) -> None:
     out = draft.fill(doc, dump_json(doc, depth=depth))
     assert out == dump_json(doc, depth=depth)
     assert json.loads(out)["top"] == {f"k{i}": v for i, v in enumerate(values)}
+
+
+@pytest.mark.parametrize("layout", ["per-rank", "rank-sliced"])
+def test_each_manifest_entry_is_its_slice_and_file(
+    sources: dict[str, Path], tmp_path: Path, layout: str
+) -> None:
+    outcome = slice_artifact(sources["r7"], tmp_path / "o", SliceOptions(2, layout=layout))
+    assert outcome.manifest is not None and outcome.plan is not None
+    for rp, rank in zip(outcome.plan.ranks, outcome.manifest["ranks"], strict=True):
+        entries = rank["tensors"]
+        assert list(entries) == [s.target_name for s in rp.slices]
+        for s in rp.slices:
+            entry = dict(entries[s.target_name])
+            assert entry.pop("file").endswith(".safetensors")
+            assert entry == s.to_json()  # the same keys, in the same order
+            assert list(entry) == list(s.to_json())

@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exl3tool.formats.detect import Kind, detect
+from exl3tool.formats.names import R7_SHARED_RE
 from exl3tool.rules import tp as tp_rules
 from exl3tool.tp.linear import slice_linear
-from exl3tool.tp.plan import attention_geometry, plan_slices
-from exl3tool.tp.slices import PlanRefused
+from exl3tool.tp.plan import _Planner, attention_geometry, plan_slices, source_order
+from exl3tool.tp.slices import PlanRefused, TensorSlice, new_slice
 
 
 def _cuts(plan, name: str) -> list[tuple]:
@@ -148,3 +149,79 @@ def test_slice_linear_views_concatenate_to_the_linear(role: str, tiles128: int, 
         assert "bias" in parts[0] and all("bias" not in p for p in parts[1:])
     with pytest.raises(ValueError):
         slice_linear(arrays, role, 0, 64)
+
+
+def _plan_slice_by_slice(ckpt, kind: Kind, tp: int, mode: str) -> list[list[TensorSlice]]:
+    """Every rank's slices built one by one from `_cuts` and the TensorSlice constructor:
+    what `build` computed before it memoized a kind's rows."""
+    planner = _Planner(ckpt, kind, tp, mode, "per-rank")
+    planner.classify()
+    out: list[list[TensorSlice]] = [[] for _ in range(tp)]
+    for name in source_order(ckpt):
+        info = ckpt.tensors[name].info
+        group = planner.group_of.get(name)
+        cut = planner.splits.get(group[0]) if group else None
+        shared = R7_SHARED_RE.match(name)
+        for r in range(tp):
+            for target, axis, start, stop, rep in planner._cuts(
+                name, group, cut, shared, r, tuple(info.shape)
+            ):
+                out[r].append(
+                    TensorSlice(name, target, axis, start, stop, rep, info.dtype, tuple(info.shape))
+                )
+    return out
+
+
+@pytest.mark.parametrize(
+    ("source", "kind", "mode"),
+    [
+        ("r7", Kind.R7, "tensor"),
+        ("r7-mixed", Kind.R7, "tensor"),
+        ("exl3", Kind.EXL3, "tensor"),
+        ("base", Kind.MSRT_BASE, "tensor"),
+        ("base", Kind.MSRT_BASE, "expert"),
+    ],
+)
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_memoized_rows_are_the_slice_by_slice_plan(
+    sources: dict[str, Path], source: str, kind: Kind, mode: str, tp: int
+) -> None:
+    ckpt = fx.load(sources[source])
+    try:
+        plan = plan_slices(ckpt, kind, tp, mode)
+    except PlanRefused:
+        with pytest.raises(PlanRefused):
+            _plan_slice_by_slice(ckpt, kind, tp, mode)
+            _Planner(ckpt, kind, tp, mode, "per-rank").build()
+        return
+    want = _plan_slice_by_slice(ckpt, kind, tp, mode)
+    for rp, expected in zip(plan.ranks, want, strict=True):
+        assert rp.slices == expected
+        for got, exp in zip(rp.slices, expected, strict=True):
+            # shape and nbytes came precomputed from the memo: the constructor's own values
+            assert (got.shape, got.nbytes, got.layout) == (exp.shape, exp.nbytes, exp.layout)
+            assert hash(got) == hash(exp)
+
+
+def test_new_slice_is_the_constructors_slice() -> None:
+    args = ("a.trellis", "a.trellis", 1, 2, 6, False, "I16", (4, 8, 64))
+    made = TensorSlice(*args)
+    fast = new_slice(*args, made.shape, made.nbytes)
+    assert fast == made and hash(fast) == hash(made)
+    assert (fast.shape, fast.nbytes, fast.layout) == ((4, 4, 64), 2048, made.layout)
+    with pytest.raises(AttributeError):
+        fast.start = 0  # type: ignore[misc]  # still frozen
+
+
+def test_a_cut_past_a_shape_is_refused_naming_the_first_tensor_of_its_kind(
+    sources: dict[str, Path],
+) -> None:
+    ckpt = fx.load(sources["r7"])
+    name = "model.layers.1.mlp.experts.1.up_proj.svh"
+    ref = ckpt.tensors[name]
+    short = (ref.info.shape[0] // 2,)
+    ckpt.tensors[name] = ref._replace(info=ref.info._replace(shape=short))
+    with pytest.raises(PlanRefused) as exc:
+        plan_slices(ckpt, Kind.R7, 2)
+    (f,) = list(exc.value.findings)
+    assert f.location.tensor == name and "exceeds shape" in f.message
