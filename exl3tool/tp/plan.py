@@ -94,9 +94,10 @@ def source_order(ckpt: Checkpoint) -> list[str]:
 def _check_bounds(
     name: str, axis: int | None, start: int, stop: int, shape: tuple[int, ...]
 ) -> None:
-    if axis is not None and stop > shape[axis]:
+    if axis is not None and (axis >= len(shape) or stop > shape[axis]):
+        what = "exceeds" if axis < len(shape) else "is past the last axis of"
         raise _refuse_input(
-            f"slice [{start}, {stop}) on axis {axis} exceeds shape {list(shape)}; "
+            f"slice [{start}, {stop}) on axis {axis} {what} shape {list(shape)}; "
             "the linear's tensors disagree in size (run `exl3tool validate`)",
             name,
         )

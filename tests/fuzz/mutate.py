@@ -287,9 +287,28 @@ def _doubled(x):
     return x * 2 if isinstance(x, (int, float, str, list)) else x
 
 
+def _reshaped(rng: random.Random, shape: Any) -> Any:
+    """The same number of elements in another rank (the span stays valid, so the tensor passes
+    the container checks): flattened, merged last axes, a leading 1, or a scalar for one
+    element."""
+    if not (isinstance(shape, list) and all(type(x) is int and x >= 0 for x in shape)):
+        return [1]
+    n = math.prod(shape)
+    return rng.choice(
+        (
+            [n],
+            [*shape[:-2], shape[-2] * shape[-1]] if len(shape) >= 2 else [1, n],
+            [1, *shape],
+            [] if n == 1 else [n, 1],
+        )
+    )
+
+
 def _edit_entry(rng: random.Random, entry: dict, payload_len: int) -> str:
-    field = rng.choice(("dtype", "shape", "data_offsets", "extra"))
-    if field == "dtype":
+    field = rng.choice(("dtype", "shape", "data_offsets", "extra", "reshape"))
+    if field == "reshape":
+        entry["shape"] = _reshaped(rng, entry.get("shape"))
+    elif field == "dtype":
         entry["dtype"] = rng.choice([*DTYPES, 1, None])
     elif field == "shape":
         shape = entry.get("shape")

@@ -225,3 +225,28 @@ def test_a_cut_past_a_shape_is_refused_naming_the_first_tensor_of_its_kind(
         plan_slices(ckpt, Kind.R7, 2)
     (f,) = list(exc.value.findings)
     assert f.location.tensor == name and "exceeds shape" in f.message
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("model.layers.1.mlp.experts.1.up_proj.svh", ()),  # a column cut on axis 0
+        ("model.layers.1.mlp.experts.1.down_proj.suh", ()),  # a row cut on axis 0
+        ("model.layers.1.mlp.experts.1.gate_proj.trellis", (4,)),  # a column cut on axis 1
+    ],
+)
+@pytest.mark.parametrize("layout", ["per-rank", "rank-sliced"])
+def test_a_cut_on_an_axis_the_tensor_lacks_is_refused(
+    sources: dict[str, Path], name: str, shape: tuple[int, ...], layout: str
+) -> None:
+    """A tensor of fewer axes than its field's cut (a scalar vector, a flattened trellis: a
+    span that matches its shape passes the container checks) is a TP009 finding, not an
+    IndexError."""
+    ckpt = fx.load(sources["r7"])
+    ref = ckpt.tensors[name]
+    ckpt.tensors[name] = ref._replace(info=ref.info._replace(shape=shape))
+    with pytest.raises(PlanRefused) as exc:
+        plan_slices(ckpt, Kind.R7, 2, layout=layout)
+    (f,) = list(exc.value.findings)
+    assert f.code == "TP009" and f.location.tensor == name
+    assert "is past the last axis of shape" in f.message
