@@ -105,3 +105,14 @@ def test_every_entry_a_seed_names_has_its_call() -> None:
 
     assert set(ENTRIES) == set(SEED_KINDS)
     assert {e for entries in ENTRIES.values() for e in entries} == set(CALLS)
+
+
+def test_tensor_sweep_slices_an_expert_trellis_changed_every_way_without_a_traceback() -> None:
+    """The sweep (`python3 -m tests.fuzz.sweep_tensors`) on the case that crashed the slicer:
+    an expert gate_proj trellis (its column cut is on axis 1) flattened, as a scalar, retyped
+    and emptied; `slice --tp 2` of each."""
+    from tests.fuzz.sweep_tensors import sweep
+
+    lines: list[str] = []
+    runs, bad = sweep(["r7"], only="gate_proj.trellis", commands={"slice"}, log=lines.append)
+    assert runs >= 10 and bad == [] and lines == []
