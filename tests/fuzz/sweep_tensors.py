@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tp"))
 import tp_fixtures as fx
 
 ROLES = (
-    ".trellis", ".suh", ".svh", ".mcg", ".mul1", "gate_up_suh", "down_svh", "norm.weight",
-    "embed_tokens.weight",
+    ".trellis", ".suh", ".svh", ".mcg", ".mul1", ".scale", "gate_up_suh", "down_svh",
+    "norm.weight", "embed_tokens.weight",
 )  # fmt: skip
 BUILDERS: dict[str, Callable[[Path], Path]] = {"r7": fx.r7, "exl3": fx.exl3, "base": fx.base}
 
@@ -107,15 +107,17 @@ def _picks(src: Path) -> Iterator[tuple[Path, str]]:
         with safe_open(str(p), "pt") as f:
             where.update(dict.fromkeys(f.keys(), p))
     names = sorted(where)
+    seen: set[str] = set()
     for role in ROLES:
-        hits = [n for n in names if n.endswith(role) or role in n.rsplit(".", 1)[-1]]
+        # a cartridge's fields carry their K: `trellis_k3`, `scale_k3`
+        hits = [n for n in names if n.endswith(role) or role.strip(".") in n.rsplit(".", 1)[-1]]
         for family in ("gate_proj", "up_proj", "down_proj", None):
             routed = [n for n in hits if ".mlp.experts." in n and "r7_shared" not in n]
             group = (
                 [n for n in routed if family in n] if family else sorted(set(hits) - set(routed))
             )
-            if group:
-                name = group[len(group) // 2]
+            if group and (name := group[len(group) // 2]) not in seen:
+                seen.add(name)
                 yield where[name], name
 
 
