@@ -98,6 +98,7 @@ def _meanwhile_after(writer: Any) -> None:
             steps["meanwhile after the pass"] = (began, time.perf_counter())
         return result
 
+    wrapper._after = True  # type: ignore[attr-defined]
     writer.write_streams = wrapper
 
 
@@ -120,7 +121,6 @@ def one_round(src: Path, out: Path, tp: int, after: bool) -> None:
         _timed_step(module, name)
     if after and not getattr(writer.write_streams, "_after", False):
         _meanwhile_after(writer)
-        writer.write_streams._after = True  # type: ignore[attr-defined]
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             app(["slice", str(src), "--tp", str(tp), "-o", str(out)], prog_name="exl3tool")

@@ -15,6 +15,7 @@ Rules (docs/formats/exl3.md §6; docs/formats/r7.md §3.4, §7.1; docs/formats/m
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -312,44 +313,35 @@ class _Planner:
         order = source_order(self.ckpt)
         ranks = [RankPlan(r) for r in range(self.tp)]
         tensors, group_of, splits = self.ckpt.tensors, self.group_of, self.splits
-        if self.layout != "per-rank":
-            for name in order:
-                info = tensors[name].info
-                shape = tuple(info.shape)
-                group = group_of.get(name)
-                cut = splits.get(group[0]) if group else None
-                shared = R7_SHARED_RE.match(name)
-                for r in range(self.tp):
+        per_rank = self.layout == "per-rank"
+        appends = [rp.slices.append for rp in ranks]
+        # per rank, a tensor's slices in the per-rank layout are its own name's and depend on
+        # nothing else but its cut, field, shape and dtype: computed once for each such kind (a
+        # few dozen in a model of 10^5 tensors), then stamped with the name
+        memo: dict[tuple[Any, ...], list[list[tuple[Any, ...]]]] = {}
+        for name in order:
+            info = tensors[name].info
+            shape, dtype = tuple(info.shape), info.dtype
+            group = group_of.get(name)
+            cut = splits.get(group[0]) if group else None
+            shared = R7_SHARED_RE.match(name)
+            if not per_rank:
+                for r, append in enumerate(appends):
                     for target, axis, start, stop, rep in self._cuts(
                         name, group, cut, shared, r, shape
                     ):
                         _check_bounds(name, axis, start, stop, shape)
-                        ranks[r].slices.append(
-                            TensorSlice(name, target, axis, start, stop, rep, info.dtype, shape)
-                        )
-        else:
-            # per rank, a tensor's slices are its own name's (the target is the source name) and
-            # depend on nothing else but its cut, field, shape and dtype: computed once for each
-            # such kind (a few dozen in a model of 10^5 tensors), then stamped with the name
-            appends = [rp.slices.append for rp in ranks]
-            memo: dict[tuple[Any, ...], list[list[tuple[Any, ...]]]] = {}
-            for name in order:
-                info = tensors[name].info
-                shape, dtype = tuple(info.shape), info.dtype
-                group = group_of.get(name)
-                cut = splits.get(group[0]) if group else None
-                shared = R7_SHARED_RE.match(name) is not None
-                key = (shared, cut, group[1] if group else None, shape, dtype)
-                rows = memo.get(key)
-                if rows is None:
-                    rows = memo[key] = self._rows(name, group, cut, shared, shape, dtype)
-                for append, rank_rows in zip(appends, rows, strict=True):
-                    for axis, start, stop, rep, sliced, nbytes in rank_rows:
-                        append(
-                            new_slice(
-                                name, name, axis, start, stop, rep, dtype, shape, sliced, nbytes
-                            )
-                        )
+                        append(TensorSlice(name, target, axis, start, stop, rep, dtype, shape))
+                continue
+            key = (shared is not None, cut, group[1] if group else None, shape, dtype)
+            rows = memo.get(key)
+            if rows is None:
+                rows = memo[key] = self._rows(name, group, cut, shared, shape, dtype)
+            for append, rank_rows in zip(appends, rows, strict=True):
+                for axis, start, stop, rep, sliced, nbytes in rank_rows:
+                    append(
+                        new_slice(name, name, axis, start, stop, rep, dtype, shape, sliced, nbytes)
+                    )
         return SlicePlan(
             self.kind.value, self.tp, self.mode, self.layout, ranks, self.reported, order
         )
@@ -359,7 +351,7 @@ class _Planner:
         name: str,
         group: tuple[str, str] | None,
         cut: _Split | _Owner | None,
-        shared: bool,
+        shared: re.Match[str] | None,
         shape: tuple[int, ...],
         dtype: str,
     ) -> list[list[tuple[Any, ...]]]:
@@ -368,9 +360,7 @@ class _Planner:
         rows = []
         for r in range(self.tp):
             rank_rows = []
-            for _target, axis, start, stop, rep in self._cuts(
-                name, group, cut, shared or None, r, shape
-            ):
+            for _target, axis, start, stop, rep in self._cuts(name, group, cut, shared, r, shape):
                 _check_bounds(name, axis, start, stop, shape)
                 s = TensorSlice(name, name, axis, start, stop, rep, dtype, shape)
                 rank_rows.append((axis, start, stop, rep, s.shape, s.nbytes))

@@ -166,6 +166,13 @@ def _side_files(
     return rels, file_of
 
 
+def _entry(s: TensorSlice, file: str) -> dict[str, Any]:
+    """A slice's manifest entry: its `to_json()` and the file that holds it."""
+    entry = s.to_json()
+    entry["file"] = file
+    return entry
+
+
 def build_manifest(
     plan: SlicePlan,
     ckpt: Checkpoint,
@@ -197,15 +204,7 @@ def build_manifest(
                 "dir": rank_dir(rp.rank) if plan.layout == "per-rank" else ".",
                 "bytes": rp.nbytes,
                 "tensors": {
-                    s.target_name: {
-                        "source": s.source,  # TensorSlice.to_json's, then the file
-                        "axis": s.axis,
-                        "start": s.start,
-                        "stop": s.stop,
-                        "replicated": s.replicated,
-                        "file": file_of[(rp.rank, s.target_name)],
-                    }
-                    for s in rp.slices
+                    s.target_name: _entry(s, file_of[(rp.rank, s.target_name)]) for s in rp.slices
                 },
             }
             for rp in plan.ranks
