@@ -391,6 +391,9 @@ def main() -> None:
             (f"Python floor, forked: {n} workers, each json.loads every header and hashes "
              "every n-th tensor", [sys.executable, "-c", FLOOR_FORKED, "blake3", str(n),
                                    *env_files], None),
+            (f"Python floor, forked, sha256: {n} workers, each json.loads every header and "
+             "hashes every n-th tensor", [sys.executable, "-c", FLOOR_FORKED, "sha256", str(n),
+                                          *env_files], None),
         ]  # fmt: skip
         # round-robin, best of --repeat rounds: a load that comes and goes hits every method
         best = [(float("inf"), 0, float("inf"))] * len(methods)
@@ -405,7 +408,7 @@ def main() -> None:
                 best[i] = (best[i][0], max(best[i][1], tree_peak(cmd, env)), best[i][2])
         rows = [(m[0], total / b[0] / 1e9, b[1]) for m, b in zip(methods, best, strict=True)]
         cpus = [b[2] for b in best]
-        b3, ib3, ipr, floor, _, s_sum, is2, floor2, ithr, ilate, is2late, ihere, forked = (
+        b3, ib3, ipr, floor, _, s_sum, is2, floor2, ithr, ilate, is2late, ihere, forked, forked2 = (
             r[1] for r in rows
         )
         one = total / hashlib_one_thread(files, args.repeat) / 1e9
@@ -450,7 +453,9 @@ def main() -> None:
             f"* sha256 identity / ({n} x one-thread hashlib) = {is2 / (n * one):.2f} "
             "(target >= 0.9)",
             f"* sha256 Python floor / ({n} x one-thread hashlib) = {floor2 / (n * one):.2f}; "
-            f"sha256 identity / floor = {is2 / floor2:.2f}",
+            f"sha256 identity / floor = {is2 / floor2:.2f}; forked sha256 Python floor / "
+            f"({n} x one-thread hashlib) = {forked2 / (n * one):.2f} (identity / it = "
+            f"{is2 / forked2:.2f})",
             f"* sha256 identity / sha256sum = "
             f"{'skipped' if args.no_sha256sum else f'{is2 / s_sum:.2f}'}",
             "* peak memory of identity runs (the largest process's peak RSS or, if larger, the "
