@@ -5,6 +5,7 @@ Used for rank-sliced checkpoints and for the MTP layer an R7 checkpoint carries 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,8 @@ def check_tail(
         )
         return
     layers, epl, tp, rotation = _tail_fields(tail, ctx, findings)
+    if rotation in ROTATIONS:
+        _check_shared_h_names(table, rotation, findings)
     k_allowed, tier, bitmap = _mixed_bits(ckpt, tail, tail.mixed, ctx, findings)
     if tier is not None and layers is not None and epl is not None:
         check_tier_bitmap(tier, layers, epl, k_allowed, findings, bitmap)
@@ -175,7 +178,38 @@ def _tail_fields(
             f"shared_h_v1 needs shared_h_tensor_schema {SHARED_H_SCHEMA!r}",
             r7.RS_ROTATION,
         )
+    elif rotation != "shared_h_v1" and tail.get("shared_h_tensor_schema") is not None:
+        field_problem(
+            "shared_h_tensor_schema",
+            f"shared_h_tensor_schema with rotation_layout {rotation!r}: only shared_h_v1 takes it",
+            r7.RS_ROTATION,
+        )
     return layers, epl, tp, rotation
+
+
+# `experts.shared_h.{proj}.rank{r}.{suh|svh}` as the runtime matches a shared H-side vector
+_SHARED_H_NAME = re.compile(r"shared_h\.(gate_proj|up_proj|down_proj)\.rank\d+\.(suh|svh)")
+
+
+def _check_shared_h_names(table: ExpertTable, rotation: str, findings: Findings) -> None:
+    """Exl3Config.normalize_rank_sliced_weight_name (the R7 revision): a shared H-side vector is
+    refused unless the tail declares shared_h_v1, and must be the projection's hidden side (suh
+    of gate/up, svh of down)."""
+    for (_layer, name), ref in table.layer_vectors.items():
+        m = _SHARED_H_NAME.fullmatch(name)
+        if m is None:
+            continue
+        proj, fld = m.groups()
+        want = "svh" if proj == "down_proj" else "suh"
+        if rotation != "shared_h_v1":
+            msg = (
+                f"shared H-side vector with rotation_layout {rotation!r}: only shared_h_v1 has them"
+            )
+        elif fld != want:
+            msg = f"{proj} shares its H-side vector as {want}, not {fld}"
+        else:
+            continue
+        findings.add(r7.RS_ROTATION, msg, file=ref.file, tensor=ref.name)
 
 
 def _mixed_bits(

@@ -71,6 +71,32 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
         ("EX025", "EX030"), "storage-record-incomplete",
     ),
     RuntimeCheck(
+        "Exl3Config.from_config (R7 block)", EXL3,
+        "the r7_routed_experts block: an object with schema r7-complete-v2-checkpoint-v1, "
+        "codebook mcg and bits mixed_tensor, moe_layers [first, last] of JSON integers, "
+        "k_values a non-empty list of JSON integers in {3, 4, 5}",
+        ("R7001", "R7002", "R7003", "R7004", "R7005"), "r7-block-schema",
+    ),
+    RuntimeCheck(
+        "Exl3Config._configure_rank_sliced (rotation layout)", EXL3,
+        "rotation_layout is per_expert_v1 (the default) or shared_h_v1; shared_h_v1 needs the "
+        "exact shared_h_tensor_schema, and no other layout may carry one",
+        ("RS010",), "rotation-layout",
+    ),
+    RuntimeCheck(
+        "Exl3Config.normalize_rank_sliced_weight_name (shared H-side vectors)", EXL3,
+        "the R7 revision refuses an `experts.shared_h.{proj}.rank{r}` vector unless the "
+        "layout is shared_h_v1, one on the wrong side (suh of gate/up, svh of down), and under "
+        "shared_h_v1 an H-side vector stored under an expert id",
+        ("RS010",), "shared-h-per-expert",
+    ),
+    RuntimeCheck(
+        "Exl3MoEParameter.load_exl3_weight", EXL3,
+        "a rank-sliced slab holds one tensor shape for every expert of a layer: in a uniform "
+        "layer, an expert whose trellis has another K or geometry is refused",
+        ("RS008", "RS006"), "slab-shape",
+    ),
+    RuntimeCheck(
         "Exl3Config._configure_rank_sliced", EXL3,
         "the rank-sliced tail's required fields, the mcg codebook, moe_layers as [first, last], "
         "the exact tensor_schema, mixed k_values in 3..6 with a bits_per_expert reference",
@@ -78,8 +104,9 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     ),
     RuntimeCheck(
         "Exl3Config._load_rank_sliced_bitrates", EXL3,
-        "mixed bits: the referenced bitmap has every layer of the range, one K per expert, only "
-        "declared K values",
+        "mixed bits: the referenced bitmap (in the hardened public revision, a bare file name at "
+        "the checkpoint's root) has every layer of the range, one K per expert, only declared K "
+        "values",
         ("RS011", "RS008"), "mixed-without-bitmap",
     ),
     RuntimeCheck(
@@ -117,7 +144,9 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     ),
     RuntimeCheck(
         "Exl3LinearMethod._slice_exl3_tensor", EXL3,
-        "a TP slice must start and end on a 128-channel Hadamard block",
+        "a TP slice must start and end on a 128-channel Hadamard block (an R7 layer's experts "
+        "are sliced at load on 16-channel steps instead, and the 128 rule then fails in "
+        "_validate_moe_shapes and the tile configuration)",
         ("R7070", "RS009", "TP001"), "tp-not-128",
     ),
     RuntimeCheck(
@@ -155,7 +184,7 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     RuntimeCheck(
         "Exl3MoEMethod._trellis_tile_config", EXL3,
         "hidden and per-rank intermediate sizes divisible by 128",
-        ("R7021", "RS009", "MB017"), "sizes-not-128",
+        ("R7021", "RS009", "MB017", "R7070"), "sizes-not-128",
     ),
     RuntimeCheck(
         "load_weights (expert_params_mapping)", LOADER,
@@ -243,8 +272,8 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     ),
     RuntimeCheck(
         "Exl3Config._configure_qkv_topology", EXL3,
-        "explicit exl3_qkv_topology/1 metadata (one public revision): not predicted by "
-        "exl3tool yet",
+        "explicit exl3_qkv_topology/1 metadata (a branch of the fork, publish-qkv-consumer, "
+        "for one model geometry): not predicted by exl3tool yet",
         (), None,
     ),
 )  # fmt: skip
@@ -343,6 +372,13 @@ def render_markdown() -> str:
         "cartridge revision for an MSRT base, the only one that serves it, else public). "
         "`exl3tool plan` predicts what "
         "the runtime allocates per rank and how it claims each module.",
+        "",
+        "The map follows the `tensor_storage` line of `exl3.py` (the public revisions, the R7 "
+        "revision and the cartridge revision). Two lines of the fork are outside it: a rewrite "
+        "for B12X's `exl3-v1` container (`exl3-manifest.json` beside MXFP8 dense layers), which "
+        "serves neither R7 checkpoints nor MSRT bases, and a Sparkinfer-era revision that read "
+        "the tail's integers strictly and needed `trellis_bits_by_layer` for uniform layers "
+        "(replaced by the unified fused-MoE API).",
         "",
         "## Checks the runtime makes before serving",
         "",

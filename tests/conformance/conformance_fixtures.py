@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from checks_fixtures import edit_json, edit_shard
+from checks_fixtures import edit_json, edit_qc, edit_shard
 from conformance_paths import EXAMPLES
 
 from exl3tool.actions.validate import validate_path
@@ -97,6 +97,44 @@ def _record(tmp: Path, built: Built) -> set[str]:
 def _schema(tmp: Path, built: Built) -> set[str]:
     root = copy(built["rank-sliced-k3"], tmp)
     _tail(root, tensor_schema="model.layers.{L}.mlp.experts.{E}.{proj}.{trellis|suh|svh|mcg}")
+    return codes(root)
+
+
+@fixture("r7-block-schema")
+def _r7_schema(tmp: Path, built: Built) -> set[str]:
+    root = copy("r7-tiny", tmp)
+    edit_qc(root, lambda q: q["r7_routed_experts"].update(schema="r7-complete-v3-checkpoint-v1"))
+    return codes(root)
+
+
+@fixture("rotation-layout")
+def _rotation(tmp: Path, built: Built) -> set[str]:
+    root = copy(built["rank-sliced-k3"], tmp)
+    _tail(root, rotation_layout="shared_h_v2")
+    return codes(root)
+
+
+@fixture("shared-h-per-expert")
+def _shared_h(tmp: Path, built: Built) -> set[str]:
+    """A per-expert checkpoint (every slice complete) that also holds a shared H-side vector."""
+    root = copy(built["rank-sliced-k3"], tmp)
+    own = "model.layers.1.mlp.experts.0.gate_proj.rank0.suh"
+    shared = own.replace(".0.", ".shared_h.", 1)
+    edit_shard(root, "model.safetensors", lambda t: t.update({shared: t[own]}))
+    return codes(root)
+
+
+@fixture("slab-shape")
+def _slab(tmp: Path, built: Built) -> set[str]:
+    """Uniform K3 layers where one expert's trellis slice is K4."""
+    root = copy(built["rank-sliced-k3"], tmp)
+    name = "model.layers.1.mlp.experts.1.up_proj.rank0.trellis"
+
+    def k4(t: dict) -> None:
+        dtype, v = t[name]
+        t[name] = (dtype, np.zeros((*v.shape[:2], 64), v.dtype))
+
+    edit_shard(root, "model.safetensors", k4)
     return codes(root)
 
 

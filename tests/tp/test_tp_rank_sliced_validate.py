@@ -181,7 +181,9 @@ def test_a_k8_model_is_not_sliced_rank_sliced(tmp_path: Path) -> None:
     ("reference", "move_to", "error"),
     [
         ("bits.json:k", "bits.json", None),  # any 'file.json:field' the runtime can open
-        ("sub/bits.json:per_expert", "sub/bits.json", None),
+        ("bits.json:per_expert", "bits.json", None),
+        # the hardened public revision takes a bare file name only (its security tests)
+        ("sub/bits.json:per_expert", "sub/bits.json", "a bare file name"),
         ("tier_bitmap.json", None, "bits_per_expert"),  # no field
         ("../tier_bitmap.json:k", None, "bits_per_expert"),  # outside the checkpoint
         ("/etc/tier_bitmap.json:k", None, "bits_per_expert"),
@@ -215,6 +217,29 @@ def test_bits_per_expert_names_the_bitmap_as_the_runtime_reads_it(
         assert rs011 == [] and not findings.has_errors(), [f.to_json() for f in findings]
     else:
         assert any(error in m for m in rs011), rs011
+
+
+@pytest.mark.parametrize(("runtime", "refused"), [("public", True), ("cartridge", False)])
+def test_a_bitmap_in_a_subfolder_is_refused_by_the_hardened_revision_only(
+    sources: dict[str, Path], tmp_path: Path, runtime: str, refused: bool
+) -> None:
+    """The hardened public revision refuses a bits_per_expert file name with a path separator
+    (its security tests: "bare file name"); the cartridge-era revision opens it."""
+    out = tmp_path / "rs"
+    slice_artifact(sources["r7"], out, SliceOptions(2, layout="rank-sliced"))
+    (out / "maps").mkdir()
+    (out / "tier_bitmap.json").rename(out / "maps" / "tier_bitmap.json")
+    config = json.loads((out / "config.json").read_text())
+    config["hybrid_tr3_tail"]["bits_per_expert"] = "maps/tier_bitmap.json:k"
+    (out / "config.json").write_text(json.dumps(config))
+    _, findings = validate_path(out, ValidateOptions(tp=2, runtime=runtime))
+    bare = [f for f in findings if f.rule.code == "RS011" and "bare file name" in f.message]
+    assert bool(bare) is refused, [f.to_json() for f in findings]
+    if refused:
+        assert bare[0].location.pointer == "/hybrid_tr3_tail/bits_per_expert"
+        assert Path(str(bare[0].location.file)).name == "config.json"
+    else:
+        assert not findings.has_errors(), [f.to_json() for f in findings]
 
 
 @pytest.mark.parametrize(
