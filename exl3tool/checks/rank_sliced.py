@@ -334,6 +334,8 @@ def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: S
                     key = (layer, e, proj, r)
                     parts = table.ranked.get(key, {})
                     missing.extend(_check_slice(spec, key, parts, tier_k, scan))
+        if spec.shared_h:  # the H-side vectors the expert slices no longer hold
+            missing.extend(_missing_shared_h(table, layer, spec.tp))
         for name in missing[:MAX_MISSING]:
             scan.findings.add(r7.RS_MISSING, "rank slice missing", file=ctx.file, tensor=name)
         if len(missing) > MAX_MISSING:
@@ -350,6 +352,18 @@ def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: S
             file=ctx.file,
             pointer=pointer_join(ctx.base, "moe_layers"),
         )
+
+
+def _missing_shared_h(table: ExpertTable, layer: int, tp: int) -> list[str]:
+    """shared_h_v1: the names of the layer's missing `experts.shared_h.{proj}.rank{r}` vectors
+    (each rank loads its own; without it the projection has no H-side rotation)."""
+    out = []
+    for proj in PROJECTIONS:
+        name = f"shared_h.{proj}.rank{{}}.{'svh' if proj == 'down_proj' else 'suh'}"
+        for r in range(tp):
+            if (layer, name.format(r)) not in table.layer_vectors:
+                out.append(f"model.layers.{layer}.mlp.experts.{name.format(r)}")
+    return out
 
 
 def _check_slice(

@@ -70,7 +70,7 @@ def test_the_shared_h_twin_is_valid(shared: Path) -> None:
 
 def test_a_shared_vector_on_the_wrong_side_is_refused(shared: Path) -> None:
     name = _first_shared(shared)
-    edit_shard(shared, SHARD, lambda t: t.update({name[:-3] + "svh": t.pop(name)}))
+    edit_shard(shared, SHARD, lambda t: t.update({name[:-3] + "svh": t[name]}))
     assert any("gate_proj shares its H-side vector as suh, not svh" in m for m in _rs010(shared))
 
 
@@ -102,3 +102,12 @@ def test_the_shared_schema_needs_the_shared_h_layout(
         root / "config.json", lambda c: c["hybrid_tr3_tail"].update(shared_h_tensor_schema=None)
     )
     assert _rs010(root) == []  # null is no schema (the runtime reads it with .get)
+
+
+def test_a_missing_shared_vector_is_a_missing_slice(shared: Path) -> None:
+    name = _first_shared(shared)
+    edit_shard(shared, SHARD, lambda t: t.pop(name))
+    _, findings = validate_path(shared, ValidateOptions())
+    assert [(f.code, f.location.tensor) for f in findings if f.level.value == "error"] == [
+        ("RS005", name)
+    ]
