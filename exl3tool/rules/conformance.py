@@ -192,6 +192,13 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
         ("CK030", "EX016"), "unknown-expert-field",
     ),
     RuntimeCheck(
+        "Exl3Config._require_enforce_eager", EXL3,
+        "without a rank-sliced tail, the model is built only with --enforce-eager (exl3_gemm "
+        "autotunes on its first call per shape, which CUDA-graph capture cannot take; later "
+        "revisions allow decode-only graphs after priming)",
+        ("EX036",), "serve-eager",
+    ),
+    RuntimeCheck(
         "Exl3Config._configure_rank_sliced (public revisions)", EXL3,
         "a rank-sliced tail names its tp; an MSRT base's tail has none, so only the cartridge "
         "revision serves a base",
@@ -241,6 +248,12 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
         ("CA036", "CA037", "CA038", "CA039", "CA050", "CA051", "CA053", "CA054", "CA055",
          "CA059"),
         "cartridge-stage-k",
+    ),
+    RuntimeCheck(
+        "_validate_rank_scales", CARTRIDGE,
+        "a rank-sharded cartridge of two or more ranks: every rank holds the same (label, "
+        "expert, projection) set per layer, with byte-identical scales",
+        ("CA040", "CA041"), "cartridge-rank-topology",
     ),
     RuntimeCheck(
         "Exl3LoraCartridge.set_stage_tensors", CARTRIDGE,

@@ -15,6 +15,7 @@ from conformance_paths import EXAMPLES
 
 from exl3tool.actions.validate import validate_path
 from exl3tool.checks.options import ValidateOptions
+from exl3tool.synth.msrt_edit import refresh_shards, rewrite_shard
 
 Built = dict[str, Path]
 Fixture = Callable[[Path, Built], set[str]]
@@ -323,6 +324,28 @@ def _cart_scale(tmp: Path, value: float) -> set[str]:
     name = "model.layers.3.mlp.experts.0.gate_proj.rank0.scale_k3"
     _set(root, "model-layer-003-b000.safetensors", name, "F32", np.array(value, dtype="<f4"))
     return codes(root)
+
+
+@fixture("cartridge-rank-topology")
+def _cart_topology(tmp: Path, built: Built) -> set[str]:
+    """Rank 1 of a rank-sharded cartridge lacks one (label, expert, projection) of rank 0."""
+    root = copy(built["sharded-cartridge"], tmp)
+    shard = next(p for p in sorted(root.glob("*-rank1.safetensors")))
+    gone = ("model.layers.3.mlp.experts.0.gate_proj.rank1.trellis_k3",
+            "model.layers.3.mlp.experts.0.gate_proj.rank1.scale_k3")  # fmt: skip
+
+    def drop(t: dict) -> dict:
+        assert all(n in t for n in gone), sorted(t)[:4]
+        return {k: v for k, v in t.items() if k not in gone}
+
+    rewrite_shard(shard, drop)
+    refresh_shards(root)
+    return codes(root)
+
+
+@fixture("serve-eager")
+def _serve_eager(tmp: Path, built: Built) -> set[str]:
+    return codes(built["exl3"])  # tensor_storage and no rank-sliced tail
 
 
 @fixture("cartridge-scale-zero")
