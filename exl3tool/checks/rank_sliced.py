@@ -120,12 +120,22 @@ def check_tail(
         layers, epl, tp, hidden, inter, tail.k, k_allowed, tier, rotation == "shared_h_v1"
     )
     _check_slices(table, spec, ctx, scan)
-    for (layer, _e, _p, rank), parts in table.ranked.items():
+    beyond: list[tuple[int, TensorRef]] = []
+    for (layer, e, _p, rank), parts in table.ranked.items():
         if layers[0] <= layer <= layers[1] and rank >= tp:
             ref = next(iter(parts.values()))
             findings.add(
                 r7.RS_RANK_RANGE, f"rank {rank} >= tp {tp}", file=ref.file, tensor=ref.name
             )
+        if layers[0] <= layer <= layers[1] and e >= epl:
+            beyond.append((e, next(iter(parts.values()))))  # one finding a slice
+
+    def describe(item: tuple[int, TensorRef]) -> tuple[str, dict[str, Any]]:
+        e, ref = item
+        return f"expert {e} >= experts_per_layer {epl}", {"file": ref.file, "tensor": ref.name}
+
+    more = "{n} more tensors of experts beyond experts_per_layer"
+    findings.add_counted(r7.RS_EXPERT_RANGE, beyond, describe, more, MAX_MISSING)
 
 
 def _tail_fields(

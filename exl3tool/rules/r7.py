@@ -472,6 +472,15 @@ RS_REPLICA = rule(
     "different weights, with no error anywhere.",
     "Re-slice the layer from its source, or copy rank 0's tensor to the other ranks.",
 )
+RS_EXPERT_RANGE = rule(
+    "RS013",
+    "rank-expert-out-of-range",
+    E,
+    "Rank slice of an expert beyond experts_per_layer",
+    "Each layer's slab has a slot for experts 0 .. experts_per_layer - 1 only "
+    "(Exl3MoEParameter.load_exl3_weight refuses another expert id; §7.1).",
+    "Drop the stray tensors or fix experts_per_layer.",
+)
 R7_STORAGE_REQUIRED = rule(
     "R7080",
     "dense-tensor-storage-missing",

@@ -319,6 +319,11 @@ CASES = [
         put("model.layers.1.mlp.experts.2.up_proj.rank1.suh", "F16", f16(128)),
         HASH,
     ),
+    Case(
+        "RS013",
+        "rank-sliced",
+        put("model.layers.1.mlp.experts.4.up_proj.rank0.mcg", "I32", np.array(-877912083, "<i4")),
+    ),
     # --- plain EXL3 ----------------------------------------------------------------------------
     Case("EX001", "exl3", put(f"{Q}.trellis", "I32", np.zeros((16, 16, 32), dtype="<i4"))),
     Case("EX002", "exl3", put(f"{Q}.trellis", "I16", trellis(16, 16, 20))),
