@@ -91,6 +91,12 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
         ("RS010",), "shared-h-per-expert",
     ),
     RuntimeCheck(
+        "Exl3MoEMethod._r7_projection_tiers", EXL3,
+        "an R7 layer's expert trellises use only the K values r7_routed_experts.k_values "
+        "declares (the graph path's _prepare_r7_graph_weights checks the same per projection)",
+        ("R7024",), "r7-k-undeclared",
+    ),
+    RuntimeCheck(
         "Exl3MoEParameter.load_exl3_weight", EXL3,
         "a rank-sliced slab has a slot for experts 0 .. experts_per_layer - 1 and holds one "
         "tensor shape for all of them: in a uniform layer, an expert whose trellis has another "

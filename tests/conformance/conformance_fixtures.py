@@ -108,6 +108,14 @@ def _r7_schema(tmp: Path, built: Built) -> set[str]:
     return codes(root)
 
 
+@fixture("r7-k-undeclared")
+def _r7_k(tmp: Path, built: Built) -> set[str]:
+    """k_values [3, 4] while the payload also holds K5 projections."""
+    root = copy("r7-tiny", tmp)
+    edit_qc(root, lambda q: q["r7_routed_experts"].update(k_values=[3, 4]))
+    return codes(root)
+
+
 @fixture("rotation-layout")
 def _rotation(tmp: Path, built: Built) -> set[str]:
     root = copy(built["rank-sliced-k3"], tmp)
