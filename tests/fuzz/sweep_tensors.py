@@ -7,11 +7,12 @@ same element count in another rank: flattened, a leading or trailing 1, merged o
 axes, its first element as a scalar), retyped (the same bytes read as another dtype, the last axis scaled) or
 emptied (a zero-length first or last axis). One tensor of each role (trellis, scale vectors,
 markers, R7's shared vectors, norms, embeddings) of the R7, EXL3 and MSRT-base fixtures, and
-of a cartridge, is changed in turn; every command that reads the artifact runs as a process.
+of a cartridge (and, with `--kinds rank-sliced`, a legacy rank-sliced checkpoint), is changed
+in turn; every command that reads the artifact runs as a process.
 A run that prints a traceback or exits other than 0-3 is reported; exit 1 if any did.
 Needs torch (bf16 tensors are rewritten through safetensors.torch).
 
-    python3 -m tests.fuzz.sweep_tensors [--kinds r7,exl3,base,cartridge] [--variants N]
+    python3 -m tests.fuzz.sweep_tensors [--kinds r7,exl3,base,cartridge,rank-sliced] [--variants N]
                                         [--only NAME_PART] [--commands slice,validate,...]
 """
 
@@ -32,11 +33,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tp"))
 
 import tp_fixtures as fx
 
+from exl3tool.synth.r7 import build_rank_sliced
+
 ROLES = (
     ".trellis", ".suh", ".svh", ".mcg", ".mul1", ".scale", "gate_up_suh", "down_svh",
     "norm.weight", "embed_tokens.weight",
 )  # fmt: skip
-BUILDERS: dict[str, Callable[[Path], Path]] = {"r7": fx.r7, "exl3": fx.exl3, "base": fx.base}
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "r7": fx.r7, "exl3": fx.exl3, "base": fx.base, "rank-sliced": build_rank_sliced,
+}  # fmt: skip
 
 
 def variants(t: Any) -> dict[str, Any]:
