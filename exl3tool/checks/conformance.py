@@ -172,8 +172,8 @@ def check_tail_bitrates(
     if ref is not None and "/" in ref[0] and runtime == "public":
         findings.add(
             r7.RS_TIER_BITMAP,
-            f"bits_per_expert names {ref[0]!r}, a path: the hardened public revision reads only "
-            "a bare file name at the checkpoint's root",
+            f"bits_per_expert names {ref[0]!r}, a path: refused by the hardened public revision "
+            "(a bare file name at the checkpoint's root only; the R7 revision opens it)",
             file="config.json",
             pointer=pointer_join(ptr, "bits_per_expert"),
         )

@@ -100,8 +100,7 @@ def check_tail(
         )
         return
     layers, epl, tp, rotation = _tail_fields(tail, ctx, findings)
-    if rotation in ROTATIONS:
-        _check_shared_h_names(table, rotation, findings)
+    shared = _shared_h_vectors(ckpt, rotation, findings) if rotation in ROTATIONS else set()
     k_allowed, tier, bitmap = _mixed_bits(ckpt, tail, tail.mixed, ctx, findings)
     if tier is not None and layers is not None and epl is not None:
         check_tier_bitmap(tier, layers, epl, k_allowed, findings, bitmap)
@@ -119,7 +118,7 @@ def check_tail(
     spec = SliceSpec(
         layers, epl, tp, hidden, inter, tail.k, k_allowed, tier, rotation == "shared_h_v1"
     )
-    _check_slices(table, spec, ctx, scan)
+    _check_slices(table, spec, ctx, scan, shared)
     beyond: list[tuple[int, TensorRef]] = []
     for (layer, e, _p, rank), parts in table.ranked.items():
         if layers[0] <= layer <= layers[1] and rank >= tp:
@@ -197,29 +196,53 @@ def _tail_fields(
     return layers, epl, tp, rotation
 
 
-# `experts.shared_h.{proj}.rank{r}.{suh|svh}` as the runtime matches a shared H-side vector
-_SHARED_H_NAME = re.compile(r"shared_h\.(gate_proj|up_proj|down_proj)\.rank\d+\.(suh|svh)")
+# A shared H-side vector as the runtime matches every tensor name (any prefix ending in
+# `.experts`), and the layer index it reads from a name.
+_SHARED_H_NAME = re.compile(
+    r"(?P<prefix>.+\.experts)\.shared_h\.(?P<proj>gate_proj|up_proj|down_proj)"
+    r"\.rank(?P<rank>\d+)\.(?P<field>suh|svh)"
+)
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+_SHARED_H = ".experts.shared_h."
+_INDEX_DIGITS = 18  # longer indices are no rank or layer of any model (and int() may refuse them)
 
 
-def _check_shared_h_names(table: ExpertTable, rotation: str, findings: Findings) -> None:
-    """Exl3Config.normalize_rank_sliced_weight_name (the R7 revision): a shared H-side vector is
-    refused unless the tail declares shared_h_v1, and must be the projection's hidden side (suh
-    of gate/up, svh of down)."""
-    for (_layer, name), ref in table.layer_vectors.items():
+def _shared_h_vectors(
+    ckpt: Checkpoint, rotation: str, findings: Findings
+) -> set[tuple[int, str, int]]:
+    """Exl3Config.normalize_rank_sliced_weight_name (the R7 revision): RS010 for every name
+    under `experts.shared_h` it refuses (any, unless the tail declares shared_h_v1; one on the
+    wrong side: gate/up share suh, down shares svh) or the loader has no parameter for (any
+    other field or form); the (layer, projection, rank) of the vectors it loads."""
+    bad: list[tuple[TensorRef, str]] = []
+    loaded: set[tuple[int, str, int]] = set()
+    tensors = ckpt.tensors
+    for name in [n for n in tensors if _SHARED_H in n]:  # a comprehension: 10^5 names
+        ref = tensors[name]
         m = _SHARED_H_NAME.fullmatch(name)
         if m is None:
+            bad.append((ref, "no loader parameter: a shared H-side vector is named "
+                             "experts.shared_h.{proj}.rank{r}.{suh|svh}"))  # fmt: skip
             continue
-        proj, fld = m.groups()
+        proj, fld, rank = m["proj"], m["field"], m["rank"]
         want = "svh" if proj == "down_proj" else "suh"
         if rotation != "shared_h_v1":
-            msg = (
-                f"shared H-side vector with rotation_layout {rotation!r}: only shared_h_v1 has them"
-            )
+            bad.append((ref, f"shared H-side vector with rotation_layout {rotation!r}: "
+                             "only shared_h_v1 has them"))  # fmt: skip
         elif fld != want:
-            msg = f"{proj} shares its H-side vector as {want}, not {fld}"
-        else:
-            continue
-        findings.add(r7.RS_ROTATION, msg, file=ref.file, tensor=ref.name)
+            bad.append((ref, f"{proj} shares its H-side vector as {want}, not {fld}"))
+        elif (layer := _LAYER_INDEX.search(m["prefix"])) is not None and max(
+            len(layer[1]), len(rank)
+        ) <= _INDEX_DIGITS:
+            loaded.add((int(layer[1]), proj, int(rank)))  # read with int(), as the runtime does
+
+    def describe(item: tuple[TensorRef, str]) -> tuple[str, dict[str, Any]]:
+        ref, msg = item
+        return msg, {"file": ref.file, "tensor": ref.name}
+
+    more = "{n} more tensors under experts.shared_h the runtime refuses"
+    findings.add_counted(r7.RS_ROTATION, bad, describe, more, MAX_MISSING)
+    return loaded
 
 
 def _mixed_bits(
@@ -315,7 +338,15 @@ def _tier_ks(tier: dict[str, Any] | None, layer: int, experts: int) -> list[int 
     return [runtime_k(k) for k in ks] if ks is not None else [None] * experts
 
 
-def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: Scan) -> None:
+def _check_slices(
+    table: ExpertTable,
+    spec: SliceSpec,
+    ctx: TailContext,
+    scan: Scan,
+    shared: set[tuple[int, str, int]],
+) -> None:
+    """Every rank slice of every expert of the tail's layers (`shared`: the (layer, projection,
+    rank) of the shared H-side vectors the runtime loads, for shared_h_v1)."""
     span = spec.layers[1] - spec.layers[0] + 1
     declared = max(span, 0) * max(spec.n_experts, 0) * len(PROJECTIONS) * max(spec.tp, 0)
     where = {"file": ctx.file, "pointer": pointer_join(ctx.base, "moe_layers")}
@@ -345,7 +376,7 @@ def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: S
                     parts = table.ranked.get(key, {})
                     missing.extend(_check_slice(spec, key, parts, tier_k, scan))
         if spec.shared_h:  # the H-side vectors the expert slices no longer hold
-            missing.extend(_missing_shared_h(table, layer, spec.tp))
+            missing.extend(_missing_shared_h(shared, layer, spec.tp))
         for name in missing[:MAX_MISSING]:
             scan.findings.add(r7.RS_MISSING, "rank slice missing", file=ctx.file, tensor=name)
         if len(missing) > MAX_MISSING:
@@ -364,16 +395,16 @@ def _check_slices(table: ExpertTable, spec: SliceSpec, ctx: TailContext, scan: S
         )
 
 
-def _missing_shared_h(table: ExpertTable, layer: int, tp: int) -> list[str]:
+def _missing_shared_h(shared: set[tuple[int, str, int]], layer: int, tp: int) -> list[str]:
     """shared_h_v1: the names of the layer's missing `experts.shared_h.{proj}.rank{r}` vectors
     (each rank loads its own; without it the projection has no H-side rotation)."""
-    out = []
-    for proj in PROJECTIONS:
-        name = f"shared_h.{proj}.rank{{}}.{'svh' if proj == 'down_proj' else 'suh'}"
-        for r in range(tp):
-            if (layer, name.format(r)) not in table.layer_vectors:
-                out.append(f"model.layers.{layer}.mlp.experts.{name.format(r)}")
-    return out
+    return [
+        f"model.layers.{layer}.mlp.experts.shared_h.{proj}.rank{r}."
+        + ("svh" if proj == "down_proj" else "suh")
+        for proj in PROJECTIONS
+        for r in range(tp)
+        if (layer, proj, r) not in shared
+    ]
 
 
 def _check_slice(

@@ -98,10 +98,9 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     ),
     RuntimeCheck(
         "Exl3MoEParameter.load_exl3_weight", EXL3,
-        "a rank-sliced slab has a slot for experts 0 .. experts_per_layer - 1 and holds one "
-        "tensor shape for all of them: in a uniform layer, an expert whose trellis has another "
-        "K or geometry is refused",
-        ("RS008", "RS006", "RS013"), "slab-shape",
+        "a rank-sliced slab holds one tensor shape for every expert of a layer: in a uniform "
+        "layer, an expert whose trellis has another K or geometry is refused",
+        ("RS008", "RS006"), "slab-shape",
     ),
     RuntimeCheck(
         "Exl3Config._configure_rank_sliced", EXL3,
@@ -195,8 +194,9 @@ RUNTIME_CHECKS: tuple[RuntimeCheck, ...] = (
     ),
     RuntimeCheck(
         "load_weights (expert_params_mapping)", LOADER,
-        "every name under an expert projection maps onto an expert parameter",
-        ("CK030", "EX016"), "unknown-expert-field",
+        "every name under an expert projection maps onto an expert parameter (experts 0 .. "
+        "the model's count - 1, known fields only)",
+        ("CK030", "EX016", "RS013"), "unknown-expert-field",
     ),
     RuntimeCheck(
         "Exl3Config._require_enforce_eager", EXL3,

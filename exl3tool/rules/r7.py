@@ -408,7 +408,8 @@ RS_MISSING = rule(
     "rank-tensor-missing",
     E,
     "A rank slice of an expert tensor is missing",
-    "Every rank r < tp needs trellis, suh, svh and mcg for every (expert, projection) (§7.1).",
+    "Every rank r < tp needs trellis, suh, svh and mcg for every (expert, projection); under "
+    "shared_h_v1 the H-side vector is the layer's experts.shared_h.{proj}.rank{r} one (§7.1).",
     "Re-slice the layer.",
 )
 RS_GEOMETRY = rule(
@@ -448,7 +449,10 @@ RS_ROTATION = rule(
     "rotation-layout",
     E,
     "Unknown rotation_layout or shared-H layout violated",
-    'rotation_layout is "per_expert_v1" or "shared_h_v1"; shared_h_v1 needs shared_h_tensor_schema and forbids H-side vectors under expert ids (§7.1).',
+    'rotation_layout is "per_expert_v1" or "shared_h_v1"; shared_h_v1 needs shared_h_tensor_schema '
+    "and forbids H-side vectors under expert ids; any other layout forbids that schema and every "
+    "experts.shared_h vector; a shared vector is its projection's H side (suh of gate/up, svh of "
+    "down) (§7.1).",
     "Fix rotation_layout or the tensors.",
 )
 RS_TIER_BITMAP = rule(
@@ -457,9 +461,10 @@ RS_TIER_BITMAP = rule(
     E,
     "Mixed bits without a usable tier_bitmap.json / k_values",
     'bits "mixed" needs k_values (3..6) and bits_per_expert, a "file.json:field" reference (the '
-    'producer writes "tier_bitmap.json:k"): an entry in that file for every layer of moe_layers '
-    "whose field lists one integer K from k_values per expert "
-    "(Exl3Config._load_rank_sliced_bitrates refuses to start otherwise; §7.1).",
+    'producer writes "tier_bitmap.json:k"; the hardened public revision takes a bare file name '
+    "only): an entry in that file for every layer of moe_layers whose field lists one integer K "
+    "from k_values per expert (Exl3Config._load_rank_sliced_bitrates refuses to start "
+    "otherwise; §7.1).",
     "Ship tier_bitmap.json with a K per expert for every MoE layer, and declare k_values.",
 )
 RS_REPLICA = rule(
@@ -477,8 +482,8 @@ RS_EXPERT_RANGE = rule(
     "rank-expert-out-of-range",
     E,
     "Rank slice of an expert beyond experts_per_layer",
-    "Each layer's slab has a slot for experts 0 .. experts_per_layer - 1 only "
-    "(Exl3MoEParameter.load_exl3_weight refuses another expert id; §7.1).",
+    "The model's weight loader maps experts 0 .. experts_per_layer - 1 only (experts_per_layer "
+    "equals the model's count, RS003): a higher expert id has no parameter to load into (§7.1).",
     "Drop the stray tensors or fix experts_per_layer.",
 )
 R7_STORAGE_REQUIRED = rule(

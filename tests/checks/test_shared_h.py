@@ -111,3 +111,44 @@ def test_a_missing_shared_vector_is_a_missing_slice(shared: Path) -> None:
     assert [(f.code, f.location.tensor) for f in findings if f.level.value == "error"] == [
         ("RS005", name)
     ]
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["model.language_model.layers.1.mlp.experts", "model.layers.1.block_sparse_moe.experts"],
+)
+def test_the_runtime_pattern_takes_any_experts_prefix(
+    pristine: dict[str, Path], tmp_path: Path, prefix: str
+) -> None:
+    """The runtime matches a shared vector under any prefix ending in `.experts`."""
+    root = copy(pristine["rank-sliced"], tmp_path / "rs")
+    own = "model.layers.1.mlp.experts.0.gate_proj.rank0.suh"
+    edit_shard(root, SHARD, lambda t: t.update({f"{prefix}.shared_h.gate_proj.rank0.suh": t[own]}))
+    assert [m for m in _rs010(root) if "only shared_h_v1 has them" in m]
+
+
+def test_other_names_under_shared_h_have_no_parameter(shared: Path) -> None:
+    name = _first_shared(shared)
+    edit_shard(shared, SHARD, lambda t: t.update({name[:-3] + "trellis": t[name]}))
+    assert [m for m in _rs010(shared) if "no loader parameter" in m]
+
+
+def test_stray_shared_vectors_are_counted_past_twenty(
+    pristine: dict[str, Path], tmp_path: Path
+) -> None:
+    root = copy(pristine["rank-sliced"], tmp_path / "rs")
+    own = "model.layers.1.mlp.experts.0.gate_proj.rank0.suh"
+    strays = {f"model.layers.1.mlp.experts.shared_h.gate_proj.rank{r}.suh" for r in range(30)}
+    edit_shard(root, SHARD, lambda t: t.update(dict.fromkeys(strays, t[own])))
+    messages = _rs010(root)
+    assert len(messages) == 21 and messages[-1].startswith("10 more tensors")
+
+
+def test_a_rank_with_leading_zeros_is_the_rank_it_reads_as(shared: Path) -> None:
+    """The runtime reads `rank00` with int(): rank 0's shared vector, not a missing one."""
+    name = _first_shared(shared)
+    assert ".rank0." in name
+    edit_shard(
+        shared, SHARD, lambda t: t.update({name.replace(".rank0.", ".rank00."): t.pop(name)})
+    )
+    assert _rs010(shared) == []
