@@ -89,9 +89,17 @@ def report_missing_expert_count(findings: Findings) -> None:
 
 
 def check_tail(
-    ckpt: Checkpoint, raw: Any, table: ExpertTable, ctx: TailContext, scan: Scan
+    ckpt: Checkpoint,
+    raw: Any,
+    table: ExpertTable,
+    ctx: TailContext,
+    scan: Scan,
+    *,
+    outside: bool = False,
 ) -> None:
-    """The tail's fields (§7.1) and every rank slice of every expert in its layer range."""
+    """The tail's fields (§7.1) and every rank slice of every expert in its layer range;
+    `outside`: also RS013 for rank slices of layers outside it (an R7 checkpoint's own check,
+    R7031, reports those of its carried tail)."""
     findings = scan.findings
     tail = parse_tail(raw)
     if tail is None:
@@ -101,6 +109,8 @@ def check_tail(
         return
     layers, epl, tp, rotation = _tail_fields(tail, ctx, findings)
     shared = _shared_h_vectors(ckpt, rotation, findings) if rotation in ROTATIONS else set()
+    if outside and layers is not None:
+        _report_outside(table, layers, findings)
     k_allowed, tier, bitmap = _mixed_bits(ckpt, tail, tail.mixed, ctx, findings)
     if tier is not None and layers is not None and epl is not None:
         check_tier_bitmap(tier, layers, epl, k_allowed, findings, bitmap)
@@ -135,6 +145,27 @@ def check_tail(
 
     more = "{n} more tensors of experts beyond experts_per_layer"
     findings.add_counted(r7.RS_EXPERT_RANGE, beyond, describe, more, MAX_MISSING)
+
+
+def _report_outside(table: ExpertTable, layers: tuple[int, int], findings: Findings) -> None:
+    """RS013 for each rank slice of a layer outside moe_layers: no rank-sliced MoE layer claims
+    it, and the model has no parameter for its names (one finding a slice, counted past 20)."""
+    first, last = layers
+    stray = [
+        (layer, next(iter(parts.values())))
+        for (layer, _e, _p, _r), parts in table.ranked.items()
+        if not first <= layer <= last
+    ]
+
+    def describe(item: tuple[int, TensorRef]) -> tuple[str, dict[str, Any]]:
+        layer, ref = item
+        msg = (
+            f"layer {layer} is outside moe_layers [{first}, {last}]: no rank-sliced layer takes it"
+        )
+        return msg, {"file": ref.file, "tensor": ref.name}
+
+    more = "{n} more rank slices outside moe_layers"
+    findings.add_counted(r7.RS_EXPERT_RANGE, stray, describe, more, MAX_MISSING)
 
 
 def _tail_fields(
@@ -501,7 +532,8 @@ def check_rank_sliced(ckpt: Checkpoint, findings: Findings, options: ValidateOpt
         report_missing_expert_count(findings)
     finite = FiniteCheck()
     with RandomAccessReader() as reader:
-        check_tail(ckpt, raw_tail(config), table, ctx, Scan(findings, reader, finite))
+        scan = Scan(findings, reader, finite)
+        check_tail(ckpt, raw_tail(config), table, ctx, scan, outside=True)
         others = {n: r for n, r in ckpt.tensors.items() if ".mlp.experts." not in n}
         tables: list[str] = []
         check_linears(group_linears(others, tables), ckpt.tensors, findings, reader, finite)

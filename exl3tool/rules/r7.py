@@ -479,12 +479,13 @@ RS_REPLICA = rule(
 )
 RS_EXPERT_RANGE = rule(
     "RS013",
-    "rank-expert-out-of-range",
+    "rank-slice-out-of-range",
     E,
-    "Rank slice of an expert beyond experts_per_layer",
+    "Rank slice outside moe_layers or beyond experts_per_layer",
     "The model's weight loader maps experts 0 .. experts_per_layer - 1 only (experts_per_layer "
-    "equals the model's count, RS003): a higher expert id has no parameter to load into (§7.1).",
-    "Drop the stray tensors or fix experts_per_layer.",
+    "equals the model's count, RS003), and only the tail's moe_layers are rank-sliced MoE "
+    "layers: any other rank slice has no parameter to load into (§7.1).",
+    "Drop the stray tensors or fix experts_per_layer / moe_layers.",
 )
 R7_STORAGE_REQUIRED = rule(
     "R7080",

@@ -324,6 +324,12 @@ CASES = [
         "rank-sliced",
         put("model.layers.1.mlp.experts.4.up_proj.rank0.mcg", "I32", np.array(-877912083, "<i4")),
     ),
+    Case(
+        "RS013",
+        "rank-sliced",
+        put("model.layers.0.mlp.experts.0.up_proj.rank0.mcg", "I32", np.array(-877912083, "<i4")),
+        id="outside-moe-layers",
+    ),
     # --- plain EXL3 ----------------------------------------------------------------------------
     Case("EX001", "exl3", put(f"{Q}.trellis", "I32", np.zeros((16, 16, 32), dtype="<i4"))),
     Case("EX002", "exl3", put(f"{Q}.trellis", "I16", trellis(16, 16, 20))),
