@@ -169,8 +169,7 @@ EXAMPLES = MappingProxyType(
         "RS010": '"rotation_layout": "shared_h_v1" without shared_h_tensor_schema',
         "RS011": '"bits": "mixed" without tier_bitmap.json',
         "RS012": "rank1 copy of …experts.0.up_proj.suh differs from rank0's (validate --hash)",
-        "RS013": '"experts_per_layer": 4 and …experts.4.up_proj.rank0.trellis, or a rank slice of '
-        'layer 2 with "moe_layers": [3, 77]',
+        "RS013": '"experts_per_layer": 4 and …experts.4.up_proj.rank0.trellis, or layer 2 of [3, 77]',
         "RS020": '"bits": 2 in a uniform rank-sliced layer (validate --runtime public)',
         "RS021": 'tier_bitmap.json {"3": {"k": [3, 4, 5, 3]}} (three bitrates in one layer)',
         "RS022": "a 3INST model.layers.78.self_attn.o_proj with a tail whose moe_layers are [78, 78]",
