@@ -168,17 +168,16 @@ def check_tail_bitrates(
         return
     if not is_mixed_bits(bits):
         return
-    ref = bitmap_reference(tail.get("bits_per_expert"))
-    if ref is not None and "/" in ref[0] and runtime == "public":
+    name, field = _bitmap(tail)
+    if "/" in name and runtime == "public":
         findings.add(
             r7.RS_TIER_BITMAP,
-            f"bits_per_expert names {ref[0]!r}, a path: refused by the hardened public revision "
+            f"bits_per_expert names {name!r}, a path: refused by the hardened public revision "
             "(a bare file name at the checkpoint's root only; the R7 revision opens it)",
             file="config.json",
             pointer=pointer_join(ptr, "bits_per_expert"),
         )
     for layer, ks in sorted(_tier_layers(ckpt, tail).items()):
-        name, field = _bitmap(tail)
         where = dict(file=name, pointer=pointer_join(f"/{layer}", field))
         if len(ks) > 2:
             findings.add(

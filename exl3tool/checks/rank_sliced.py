@@ -24,7 +24,7 @@ from exl3tool.checks.replicas import check_replicas
 from exl3tool.formats.checkpoint import Checkpoint, TensorRef
 from exl3tool.formats.exl3 import group_linears
 from exl3tool.formats.experts import ExpertTable, expert_count, expert_table
-from exl3tool.formats.names import PROJECTIONS
+from exl3tool.formats.names import LAYER_RE, PROJECTIONS
 from exl3tool.formats.tail import (
     POINTER,
     Tail,
@@ -129,43 +129,37 @@ def check_tail(
         layers, epl, tp, hidden, inter, tail.k, k_allowed, tier, rotation == "shared_h_v1"
     )
     _check_slices(table, spec, ctx, scan, shared)
-    beyond: list[tuple[int, TensorRef]] = []
+    beyond: list[tuple[str, TensorRef]] = []
     for (layer, e, _p, rank), parts in table.ranked.items():
         if layers[0] <= layer <= layers[1] and rank >= tp:
             ref = next(iter(parts.values()))
             findings.add(
                 r7.RS_RANK_RANGE, f"rank {rank} >= tp {tp}", file=ref.file, tensor=ref.name
             )
-        if layers[0] <= layer <= layers[1] and e >= epl:
-            beyond.append((e, next(iter(parts.values()))))  # one finding a slice
-
-    def describe(item: tuple[int, TensorRef]) -> tuple[str, dict[str, Any]]:
-        e, ref = item
-        return f"expert {e} >= experts_per_layer {epl}", {"file": ref.file, "tensor": ref.name}
-
+        if layers[0] <= layer <= layers[1] and e >= epl:  # one finding a slice
+            beyond.append((f"expert {e} >= experts_per_layer {epl}", next(iter(parts.values()))))
     more = "{n} more tensors of experts beyond experts_per_layer"
-    findings.add_counted(r7.RS_EXPERT_RANGE, beyond, describe, more, MAX_MISSING)
+    findings.add_counted(r7.RS_EXPERT_RANGE, beyond, _at_tensor, more, MAX_MISSING)
+
+
+def _at_tensor(item: tuple[str, TensorRef]) -> tuple[str, dict[str, Any]]:
+    """`Findings.add_counted`'s description of a (message, tensor) item: located at the tensor."""
+    msg, ref = item
+    return msg, {"file": ref.file, "tensor": ref.name}
 
 
 def _report_outside(table: ExpertTable, layers: tuple[int, int], findings: Findings) -> None:
     """RS013 for each rank slice of a layer outside moe_layers: no rank-sliced MoE layer claims
     it, and the model has no parameter for its names (one finding a slice, counted past 20)."""
     first, last = layers
+    why = f"is outside moe_layers [{first}, {last}]: no rank-sliced layer takes it"
     stray = [
-        (layer, next(iter(parts.values())))
+        (f"layer {layer} {why}", next(iter(parts.values())))
         for (layer, _e, _p, _r), parts in table.ranked.items()
         if not first <= layer <= last
     ]
-
-    def describe(item: tuple[int, TensorRef]) -> tuple[str, dict[str, Any]]:
-        layer, ref = item
-        msg = (
-            f"layer {layer} is outside moe_layers [{first}, {last}]: no rank-sliced layer takes it"
-        )
-        return msg, {"file": ref.file, "tensor": ref.name}
-
     more = "{n} more rank slices outside moe_layers"
-    findings.add_counted(r7.RS_EXPERT_RANGE, stray, describe, more, MAX_MISSING)
+    findings.add_counted(r7.RS_EXPERT_RANGE, stray, _at_tensor, more, MAX_MISSING)
 
 
 def _tail_fields(
@@ -227,13 +221,11 @@ def _tail_fields(
     return layers, epl, tp, rotation
 
 
-# A shared H-side vector as the runtime matches every tensor name (any prefix ending in
-# `.experts`), and the layer index it reads from a name.
+# A shared H-side vector as the runtime matches every tensor name (any prefix ending in `.experts`)
 _SHARED_H_NAME = re.compile(
     r"(?P<prefix>.+\.experts)\.shared_h\.(?P<proj>gate_proj|up_proj|down_proj)"
     r"\.rank(?P<rank>\d+)\.(?P<field>suh|svh)"
 )
-_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _SHARED_H = ".experts.shared_h."
 _INDEX_DIGITS = 18  # longer indices are no rank or layer of any model (and int() may refuse them)
 
@@ -245,34 +237,29 @@ def _shared_h_vectors(
     under `experts.shared_h` it refuses (any, unless the tail declares shared_h_v1; one on the
     wrong side: gate/up share suh, down shares svh) or the loader has no parameter for (any
     other field or form); the (layer, projection, rank) of the vectors it loads."""
-    bad: list[tuple[TensorRef, str]] = []
+    bad: list[tuple[str, TensorRef]] = []
     loaded: set[tuple[int, str, int]] = set()
     tensors = ckpt.tensors
     for name in [n for n in tensors if _SHARED_H in n]:  # a comprehension: 10^5 names
         ref = tensors[name]
         m = _SHARED_H_NAME.fullmatch(name)
         if m is None:
-            bad.append((ref, "no loader parameter: a shared H-side vector is named "
-                             "experts.shared_h.{proj}.rank{r}.{suh|svh}"))  # fmt: skip
+            bad.append(("no loader parameter: a shared H-side vector is named "
+                        "experts.shared_h.{proj}.rank{r}.{suh|svh}", ref))  # fmt: skip
             continue
         proj, fld, rank = m["proj"], m["field"], m["rank"]
         want = "svh" if proj == "down_proj" else "suh"
         if rotation != "shared_h_v1":
-            bad.append((ref, f"shared H-side vector with rotation_layout {rotation!r}: "
-                             "only shared_h_v1 has them"))  # fmt: skip
+            bad.append((f"shared H-side vector with rotation_layout {rotation!r}: "
+                        "only shared_h_v1 has them", ref))  # fmt: skip
         elif fld != want:
-            bad.append((ref, f"{proj} shares its H-side vector as {want}, not {fld}"))
-        elif (layer := _LAYER_INDEX.search(m["prefix"])) is not None and max(
-            len(layer[1]), len(rank)
+            bad.append((f"{proj} shares its H-side vector as {want}, not {fld}", ref))
+        elif (layer := LAYER_RE.search(m["prefix"] + ".")) is not None and max(
+            len(layer["layer"]), len(rank)
         ) <= _INDEX_DIGITS:
-            loaded.add((int(layer[1]), proj, int(rank)))  # read with int(), as the runtime does
-
-    def describe(item: tuple[TensorRef, str]) -> tuple[str, dict[str, Any]]:
-        ref, msg = item
-        return msg, {"file": ref.file, "tensor": ref.name}
-
+            loaded.add((int(layer["layer"]), proj, int(rank)))  # int(), as the runtime reads it
     more = "{n} more tensors under experts.shared_h the runtime refuses"
-    findings.add_counted(r7.RS_ROTATION, bad, describe, more, MAX_MISSING)
+    findings.add_counted(r7.RS_ROTATION, bad, _at_tensor, more, MAX_MISSING)
     return loaded
 
 
